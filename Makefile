@@ -1,0 +1,46 @@
+# kvsim — the README's two commands are `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+ORACLE ?= .oracle-venv
+PY      = $(VENV)/bin/python
+PIP     = $(VENV)/bin/pip
+KVSIM   = $(VENV)/bin/kvsim
+DEMO_TRACE ?= traces/demo_mixture.jsonl
+OUT    ?= out
+
+.PHONY: demo test oracle bench venv venv-test clean
+
+$(VENV)/.stamp-base: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip >/dev/null 2>&1 || true
+	$(PIP) install -q -e .
+	touch $@
+
+# torch 2.13.0 is the CPU build these machines serve from local disk.
+$(VENV)/.stamp-test: $(VENV)/.stamp-base
+	$(PIP) install -q -e '.[test]' 'torch==2.13.0'
+	touch $@
+
+venv: $(VENV)/.stamp-base
+venv-test: $(VENV)/.stamp-test
+
+## demo: install kvsim and run the main job on a bundled trace
+demo: venv
+	@mkdir -p $(OUT)
+	$(KVSIM) analyze $(DEMO_TRACE)
+	$(KVSIM) simulate $(DEMO_TRACE) --policy all --capacity-tokens 200000
+
+## oracle: the real vLLM 0.33.0 and SGLang 0.5.23 cache code in $(ORACLE) (CPU only)
+oracle:
+	scripts/oracle-setup.sh $(ORACLE)
+
+## test: the whole suite; differential tests use $(ORACLE) when it can be built
+test: venv-test
+	@scripts/oracle-setup.sh $(ORACLE) || echo "WARNING: oracle environment could not be built; differential tests will be skipped"
+	KVSIM_ORACLE_PYTHON=$(abspath $(ORACLE))/bin/python $(PY) -m pytest -q
+
+bench: venv-test oracle
+	KVSIM_ORACLE_PYTHON=$(abspath $(ORACLE))/bin/python $(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) $(OUT) build *.egg-info

@@ -1,0 +1,17 @@
+"""kvsim: prefix-cache workload analyzer and faithful vLLM APC / SGLang RadixAttention simulator."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from kvsim.io.trace import Trace  # noqa: E402
+
+__all__ = ["Trace", "__version__", "load_trace"]
+
+
+def __getattr__(name: str):
+    # Lazy public API: importing kvsim stays cheap for the CLI.
+    if name == "load_trace":
+        from kvsim.io.load import load_trace
+
+        return load_trace
+    raise AttributeError(name)

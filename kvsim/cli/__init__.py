@@ -1,0 +1,45 @@
+"""kvsim's command line. Each command lives in its own module and only parses options;
+the work is done by the library. Errors the user can fix exit with code 2 and one line."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+import typer
+
+from kvsim.cli.app import app, err_console
+from kvsim.errors import KvsimError
+
+# Command modules register themselves on `app` when imported. A module that is not
+# present yet (a feature not built) is simply absent from --help.
+_COMMAND_MODULES = ("inspect", "generate", "analyze", "simulate", "capacity", "sweep", "report", "gpu_validate")
+for _name in _COMMAND_MODULES:
+    if importlib.util.find_spec(f"kvsim.cli.{_name}") is not None:
+        importlib.import_module(f"kvsim.cli.{_name}")
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the CLI with ``argv`` and return the exit code (used by ``main`` and tests)."""
+    command = typer.main.get_command(app)
+    try:
+        rv = command.main(args=argv, prog_name="kvsim", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.exceptions.Abort:
+        err_console.print("aborted")
+        return 130
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except KvsimError as e:
+        err_console.print(f"[bold red]error:[/] {e}", highlight=False, markup=True, soft_wrap=True)
+        return e.exit_code
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        return 130
+    return rv if isinstance(rv, int) else 0
+
+
+def main() -> None:
+    sys.exit(run(sys.argv[1:]))
