@@ -15,7 +15,8 @@ class SimOptions:
     Exactly one capacity source is used, in this order: ``num_gpu_blocks`` (APC's own
     unit, null block included), ``max_total_tokens`` (SGLang's own unit),
     ``capacity_tokens`` (usable KV tokens, ``inf`` for unlimited), ``kv_cache_memory``
-    bytes with ``model``. None of them means unlimited.
+    bytes with ``model``, or ``model`` with ``gpu`` (an estimate of what the engine would
+    find free after loading weights). None of them means unlimited.
     """
 
     capacity_tokens: float | None = None
@@ -23,6 +24,9 @@ class SimOptions:
     max_total_tokens: int | None = None
     kv_cache_memory: int | None = None     # bytes of KV cache memory
     model: str | None = None               # model shape name or path to a HF config.json
+    gpu: str | None = None                 # GPU name for memory-derived capacity estimates
+    gpu_memory_utilization: float = 0.9    # vLLM's --gpu-memory-utilization
+    mem_fraction_static: float | None = None  # SGLang's --mem-fraction-static (None: its default)
     block_size: int = 16                   # APC block size (vLLM --block-size)
     page_size: int = 1                     # radix page size (SGLang --page-size)
     eviction_policy: str = "lru"           # radix eviction policy
