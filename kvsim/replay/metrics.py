@@ -80,7 +80,7 @@ def per_request_frame(result: ReplayResult, trace: Trace) -> pd.DataFrame:
     cached = np.where(result.rejected, 0, result.cached_tokens)
     frame = pd.DataFrame({
         "index": np.arange(len(trace)),
-        "request_id": [trace.request_id(i) for i in range(len(trace))],
+        "request_id": pd.Series([trace.request_id(i) for i in range(len(trace))], dtype=object),
         "prompt_tokens": prompt,
         "cached_tokens": cached,
         "computed_tokens": np.where(result.rejected, 0, prompt - cached),
@@ -91,7 +91,8 @@ def per_request_frame(result: ReplayResult, trace: Trace) -> pd.DataFrame:
     for column in ("tenant", "cache_salt", "lora", "session"):
         codes = getattr(trace, column)
         if (codes != NONE).any():
-            frame[column] = [trace.name_of(column, int(c)) for c in codes]
+            # object dtype keeps None (JSON null) for requests without a value
+            frame[column] = pd.Series([trace.name_of(column, int(c)) for c in codes], dtype=object)
     return frame
 
 
