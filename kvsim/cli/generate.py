@@ -60,11 +60,12 @@ def generate_cmd(
         "--format", help="chat (OpenAI chat request log) or tokens (pre-tokenized).",
         rich_help_panel=_OUT)] = "chat",
     tokenizer: Annotated[str, typer.Option(
-        help="Tokenizer for --format tokens: cl100k_base, a tiktoken encoding, hf:PATH, bytes.",
+        help="Tokenizer that counts output_length and, with --format tokens, encodes prompts: "
+             "cl100k_base, a tiktoken encoding, hf:PATH, bytes.",
         rich_help_panel=_OUT)] = "cl100k_base",
     chat_template: Annotated[str, typer.Option(
-        "--chat-template", help="Chat template for --format tokens: llama3, chatml, mistral, plain, "
-        "or a file.", rich_help_panel=_OUT)] = "llama3",
+        "--chat-template", help="Chat template of the server (its end-of-turn token counts in "
+        "output_length): llama3, chatml, mistral, plain, or a file.", rich_help_panel=_OUT)] = "llama3",
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.",
                                         rich_help_panel=_OUT)] = False,
     list_: Annotated[bool, typer.Option("--list", help="List the scenarios and exit.")] = False,
@@ -93,7 +94,8 @@ def generate_cmd(
                     burstiness=burstiness, model=model)
     summary = write_requests(reqs, output, fmt=fmt, tokenizer=tokenizer,
                              chat_template=chat_template, force=force)
-    how = f"{fmt} format" + (f", {summary.tokenizer} + {summary.chat_template}" if fmt == "tokens" else "")
+    how = f"{fmt} format, {summary.tokenizer} + {summary.chat_template}"
     span = reqs[-1].timestamp if reqs else 0.0
-    console.print(f"wrote {summary.requests} requests ({scenario}, seed {seed}, {span:.0f} s of "
-                  f"arrivals) to {output} ({how}, {summary.bytes / 1024:.0f} KiB)", highlight=False)
+    console.print(f"wrote {summary.requests} requests to {output} ({how}, "
+                  f"{summary.bytes / 1024:.0f} KiB; {scenario}, seed {seed}, {span:.0f} s of arrivals)",
+                  highlight=False, soft_wrap=True)

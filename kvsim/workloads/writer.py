@@ -39,22 +39,43 @@ def chat_lines(requests: Sequence[ChatRequest]) -> Iterator[str]:
         yield _dumps(r.to_json())
 
 
-def token_lines(requests: Sequence[ChatRequest], tokenizer: str = "cl100k_base",
-                chat_template: str = "llama3") -> Iterator[str]:
-    """Format 3: each request's messages rendered with ``chat_template`` (generation prompt
-    included) and tokenized with ``tokenizer``, as the server would prefill them; the reply
-    tokenized and ended with the template's end-of-turn token, as the server generated it."""
-    from kvsim.io.templates import get_template
-    from kvsim.io.tokenizers import get_tokenizer
+class Encoder:
+    """The server's view of a request: a chat template and a tokenizer (kvsim.io's)."""
 
-    template = get_template(chat_template)
-    tok = get_tokenizer(tokenizer, template.special_tokens)
+    def __init__(self, tokenizer: str = "cl100k_base", chat_template: str = "llama3") -> None:
+        from kvsim.io.templates import get_template
+        from kvsim.io.tokenizers import get_tokenizer
+
+        self.template = get_template(chat_template)
+        self.tokenizer = get_tokenizer(tokenizer, self.template.special_tokens)
+
+    def outputs(self, requests: Sequence[ChatRequest]) -> list[list[int]]:
+        """The generated tokens: the reply, then the end-of-turn token the model stopped on."""
+        return self.tokenizer.encode_batch([r.response + self.template.eot for r in requests])
+
+    def prompts(self, requests: Sequence[ChatRequest]) -> list[list[int]]:
+        """The prefilled tokens: messages rendered with the generation prompt, tokenized."""
+        return self.tokenizer.encode_batch([self.template.render(
+            [(m["role"], m["content"]) for m in r.messages]).text for r in requests])
+
+
+def count_outputs(requests: Sequence[ChatRequest], encoder: Encoder) -> list[ChatRequest]:
+    """Copies of ``requests`` whose ``output_length`` is the exact number of generated
+    tokens (reply + end-of-turn) under ``encoder``, as a server logs it."""
+    out: list[ChatRequest] = []
     for start in range(0, len(requests), _BATCH):
         batch = requests[start:start + _BATCH]
-        prompts = tok.encode_batch([template.render(
-            [(m["role"], m["content"]) for m in r.messages]).text for r in batch])
-        outputs = tok.encode_batch([r.response + template.eot for r in batch])
-        for r, prompt, output in zip(batch, prompts, outputs):
+        out += [r.with_(output_length=len(o)) for r, o in zip(batch, encoder.outputs(batch))]
+    return out
+
+
+def token_lines(requests: Sequence[ChatRequest], encoder: Encoder) -> Iterator[str]:
+    """Format 3: each request's messages rendered with the chat template (generation prompt
+    included) and tokenized, as the server would prefill them; the reply tokenized and
+    ended with the template's end-of-turn token, as the server generated it."""
+    for start in range(0, len(requests), _BATCH):
+        batch = requests[start:start + _BATCH]
+        for r, prompt, output in zip(batch, encoder.prompts(batch), encoder.outputs(batch)):
             rec: dict[str, Any] = {"prompt_token_ids": prompt, "output_token_ids": output}
             full = {**r.to_json(), "output_length": len(output)}
             rec.update((k, full[k]) for k in TOKEN_FIELDS if k in full)
@@ -71,6 +92,9 @@ def write_requests(requests: Sequence[ChatRequest], path: str | Path, *, fmt: st
                    force: bool = False) -> WriteSummary:
     """Write ``requests`` to ``path`` (gzip when it ends in ``.gz``).
 
+    Each ``output_length`` is the exact count of generated tokens (reply + end-of-turn)
+    with ``tokenizer`` and ``chat_template``, in both formats.
+
     Refuses to replace an existing file unless ``force``; writes to a temporary file in
     the same folder and renames it, so a failure never leaves a half-written file.
     """
@@ -85,7 +109,11 @@ def write_requests(requests: Sequence[ChatRequest], path: str | Path, *, fmt: st
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise KvsimError(f"cannot create folder {path.parent}: {e.strerror}") from None
-    lines = chat_lines(requests) if fmt == "chat" else token_lines(requests, tokenizer, chat_template)
+    encoder = Encoder(tokenizer, chat_template)
+    if fmt == "chat":
+        lines = chat_lines(count_outputs(requests, encoder))
+    else:
+        lines = token_lines(requests, encoder)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as raw:
@@ -100,5 +128,4 @@ def write_requests(requests: Sequence[ChatRequest], path: str | Path, *, fmt: st
         Path(tmp).unlink(missing_ok=True)
         raise
     return WriteSummary(path=path, requests=len(requests), format=fmt, bytes=path.stat().st_size,
-                        tokenizer=tokenizer if fmt == "tokens" else None,
-                        chat_template=chat_template if fmt == "tokens" else None)
+                        tokenizer=encoder.tokenizer.name, chat_template=chat_template)
