@@ -55,10 +55,23 @@ def load_from_cli(
     on_error: str = "fail",
     limit: int | None = None,
 ):
-    """Load a trace with the CLI's options and a progress bar."""
+    """Load a trace with the CLI's options and a progress bar.
+
+    Says on stderr which tokenizer was used when it was a fallback, and how many bad
+    lines ``--on-error skip`` skipped.
+    """
+    from kvsim.cli.app import err_console
     from kvsim.io.load import load_trace
 
-    return load_trace(
+    trace = load_trace(
         paths, format=fmt, tokenizer=tokenizer, chat_template=chat_template,
         trace_block_size=trace_block_size, on_error=on_error, limit=limit, progress=True,
     )
+    for note in trace.meta.notes:
+        if note.startswith("tokenizer:"):
+            err_console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+    if trace.meta.skipped_lines:
+        per_file = ", ".join(f"{Path(s).name}: {k}" for s, k in zip(trace.meta.sources, trace.meta.source_skipped) if k)
+        err_console.print(f"skipped {trace.meta.skipped_lines} bad line(s) ({per_file}) because of --on-error skip",
+                          highlight=False, markup=False, soft_wrap=True)
+    return trace

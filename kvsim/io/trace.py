@@ -29,6 +29,8 @@ class TraceMeta:
     hash_block_size: int | None = None    # block size of a hash-id trace (tokens synthesized)
     skipped_lines: int = 0                # bad lines skipped with --on-error skip
     notes: list[str] = field(default_factory=list)
+    source_requests: list[int] = field(default_factory=list)  # requests read from each source, in order
+    source_skipped: list[int] = field(default_factory=list)   # bad lines skipped in each source
 
     @property
     def has_prefix_info(self) -> bool:

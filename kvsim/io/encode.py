@@ -1,0 +1,127 @@
+"""Turn parsed text/token requests into a column :class:`Part`, tokenizing in bulk.
+
+A chat prompt is rendered by the template first (the reader does that) and tokenized as one
+text, special tokens as single ids, the way the engine does. A logged reply becomes the
+tokens the engine generated: the reply's tokens followed by the template's end-of-turn
+token, so that the next turn's history (which contains the reply and that token) lines up
+with prompt + output token for token.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import chain
+from typing import Sequence
+
+import numpy as np
+
+from kvsim.io.builder import OUT_DEFAULT, OUT_KNOWN_IDS, OUT_LOGGED, OUT_MAX_TOKENS, Part
+from kvsim.io.tokenizers import Tokenizer
+from kvsim.io.trace import NONE, narrow_tokens
+
+
+@dataclass(slots=True)
+class PendingRequest:
+    """One request as parsed from a record, before tokenization."""
+
+    prompt_text: str | None = None            # text to tokenize, or
+    prompt_ids: np.ndarray | None = None      # ... token ids given by the log
+    msg_chars: list[int] | None = None        # character offset where each message starts
+    msg_roles: list[int] | None = None        # role codes
+    reply: str | None = None                  # logged reply text
+    reply_eot: bool = False                   # append the template's end-of-turn token to the reply
+    output_ids: np.ndarray | None = None      # logged output ids
+    logged_output: int | None = None
+    max_tokens: int | None = None
+    arrival: float = math.nan
+    tenant: int = NONE
+    cache_salt: int = NONE
+    lora: int = NONE
+    session: int = NONE
+    request_id: str | None = None
+    prompt_logprobs: bool = False
+
+    @property
+    def weight(self) -> int:
+        """Rough size, to bound a batch's memory."""
+        n = len(self.prompt_text) if self.prompt_text is not None else 4 * len(self.prompt_ids)
+        return n + (len(self.reply) if self.reply else 0)
+
+
+def encode_requests(batch: Sequence[PendingRequest], source: int, tok: Tokenizer | None,
+                    eot_id: int | None) -> Part:
+    """Tokenize a batch of requests (in bulk) and return it as columns."""
+    n = len(batch)
+    prompts: list = [r.prompt_ids for r in batch]
+    msg_token_starts: list[list[int] | None] = [None] * n
+    chat = [i for i, r in enumerate(batch) if r.prompt_text is not None and r.msg_chars is not None]
+    text = [i for i, r in enumerate(batch) if r.prompt_text is not None and r.msg_chars is None]
+    if chat or text or any(r.reply is not None for r in batch):
+        assert tok is not None, "text requests need a tokenizer"
+    if chat:
+        ids, starts = tok.encode_with_starts([batch[i].prompt_text for i in chat],
+                                             [batch[i].msg_chars for i in chat])
+        for i, a, s in zip(chat, ids, starts):
+            prompts[i], msg_token_starts[i] = a, s
+    if text:
+        for i, a in zip(text, tok.encode_batch([batch[i].prompt_text for i in text])):
+            prompts[i] = a
+    lengths = np.fromiter((len(p) for p in prompts), np.int64, count=n)
+    tokens = narrow_tokens(_concat(prompts, int(lengths.sum())))
+
+    outputs: list = [r.output_ids for r in batch]
+    replies = [i for i, r in enumerate(batch) if r.output_ids is None and r.reply is not None]
+    if replies:
+        encoded = tok.encode_batch([batch[i].reply for i in replies])
+        for i, a in zip(replies, encoded):
+            outputs[i] = a + [eot_id] if batch[i].reply_eot and eot_id is not None else a
+    known = np.fromiter((o is not None for o in outputs), bool, count=n)
+    out_lengths = np.fromiter((0 if o is None else len(o) for o in outputs), np.int64, count=n)
+    out_tokens = _concat([o for o in outputs if o is not None], int(out_lengths.sum()))
+
+    output_lengths = np.empty(n, np.int64)
+    out_source = np.empty(n, np.int8)
+    mismatch = 0
+    for i, r in enumerate(batch):
+        if r.logged_output is not None:
+            output_lengths[i], out_source[i] = r.logged_output, OUT_LOGGED
+            mismatch += bool(known[i] and out_lengths[i] != r.logged_output)
+        elif known[i]:
+            output_lengths[i], out_source[i] = out_lengths[i], OUT_KNOWN_IDS
+        elif r.max_tokens is not None:
+            output_lengths[i], out_source[i] = r.max_tokens, OUT_MAX_TOKENS
+        else:
+            output_lengths[i], out_source[i] = 1, OUT_DEFAULT
+
+    part = Part(
+        source=source,
+        prompt_lengths=lengths,
+        output_lengths=output_lengths,
+        arrival=np.fromiter((r.arrival for r in batch), np.float64, count=n),
+        tokens=tokens,
+        out_lengths=out_lengths,
+        out_tokens=narrow_tokens(out_tokens),
+        out_known=known,
+        out_source=out_source,
+        out_mismatch=mismatch,
+        codes={c: np.fromiter((getattr(r, c) for r in batch), np.int32, count=n)
+               for c in ("tenant", "cache_salt", "lora", "session")},
+        prompt_logprobs=np.fromiter((r.prompt_logprobs for r in batch), bool, count=n),
+        request_ids=[r.request_id for r in batch] if any(r.request_id is not None for r in batch) else None,
+    )
+    if chat:
+        counts = np.fromiter((0 if s is None else len(s) for s in msg_token_starts), np.int64, count=n)
+        part.msg_counts = counts
+        part.msg_starts = np.fromiter(chain.from_iterable(s for s in msg_token_starts if s is not None),
+                                      np.int64, count=int(counts.sum()))
+        part.msg_roles = np.fromiter(chain.from_iterable(batch[i].msg_roles for i in chat),
+                                     np.int32, count=int(counts.sum()))
+    return part
+
+
+def _concat(seqs: list, total: int) -> np.ndarray:
+    """Concatenate lists of ints and int arrays into one int64 array."""
+    if all(isinstance(s, list) for s in seqs):
+        return np.fromiter(chain.from_iterable(seqs), np.int64, count=total)
+    arrays = [np.asarray(s, np.int64) for s in seqs]
+    return np.concatenate(arrays) if arrays else np.zeros(0, np.int64)

@@ -1,0 +1,241 @@
+"""Validation of the fields a log record may carry. Each helper returns the clean value or
+raises :class:`BadRecord` with a short description; readers add the file and line."""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+
+MAX_LENGTH = 2**31 - 1  # longest prompt or output we accept, in tokens
+
+
+class BadRecord(Exception):
+    """A record that cannot be used; the message says why (no file or line yet)."""
+
+
+def kind(value: Any) -> str:
+    """The JSON type name of a value, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def require_object(value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise BadRecord(f"expected a JSON object, got {kind(value)}")
+    return value
+
+
+def length(value: Any, name: str, *, positive: bool = False) -> int:
+    """A non-negative (or positive) integer length; integral floats such as 12.0 are accepted."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if value is None:
+            raise BadRecord(f"missing {name}")
+        raise BadRecord(f"{name} must be an integer, got {kind(value)}")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise BadRecord(f"{name} must be an integer, got {value!r}")
+        value = int(value)
+    if value < 0:
+        raise BadRecord(f"{name} is negative ({value})")
+    if positive and value == 0:
+        raise BadRecord(f"{name} is 0")
+    if value > MAX_LENGTH:
+        raise BadRecord(f"{name} is implausibly large ({value})")
+    return value
+
+
+def optional_length(rec: dict, *names: str) -> int | None:
+    """The first of ``names`` present (not null) in ``rec``, as a length."""
+    for name in names:
+        value = rec.get(name)
+        if value is not None:
+            return length(value, name)
+    return None
+
+
+def optional_name(rec: dict, *names: str) -> str | None:
+    """An identifier field (tenant, session, ...): a string or an integer, as a string."""
+    for name in names:
+        value = rec.get(name)
+        if value is None or value == "":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise BadRecord(f"{name} must be a string, got {kind(value)}")
+        return str(value)
+    return None
+
+
+def token_ids(value: Any, name: str, *, allow_empty: bool = False) -> np.ndarray:
+    """A list of non-negative integer token ids as an int64 array."""
+    if not isinstance(value, list):
+        raise BadRecord(f"{name} must be a list of integers, got {kind(value)}")
+    if not value:
+        if allow_empty:
+            return np.zeros(0, np.int64)
+        raise BadRecord(f"{name} is empty")
+    if not all(type(x) is int for x in value):
+        bad = next(x for x in value if type(x) is not int)
+        raise BadRecord(f"{name} must hold integers only, found {kind(bad)}")
+    lo, hi = min(value), max(value)
+    if lo < 0:
+        raise BadRecord(f"{name} holds a negative id ({lo})")
+    if hi >= 2**63:
+        raise BadRecord(f"{name} holds an id too large for 64 bits")
+    return np.asarray(value, dtype=np.int64)
+
+
+_FRACTION = re.compile(r"(\.\d{6})\d+")
+
+
+def timestamp(value: Any, name: str = "timestamp") -> float:
+    """Arrival time in seconds: a number of seconds, or an ISO-8601 string (naive = UTC)."""
+    if value is None:
+        return math.nan
+    if isinstance(value, bool):
+        raise BadRecord(f"{name} must be seconds or an ISO-8601 string, got a boolean")
+    if isinstance(value, (int, float)):
+        t = float(value)
+    elif isinstance(value, str):
+        t = parse_iso_or_number(value)
+        if t is None:
+            raise BadRecord(f"{name} is neither a number nor an ISO-8601 time ({_short(value)})")
+    else:
+        raise BadRecord(f"{name} must be seconds or an ISO-8601 string, got {kind(value)}")
+    if not math.isfinite(t):
+        raise BadRecord(f"{name} is not finite ({value!r})")
+    return t
+
+
+def parse_iso_or_number(text: str) -> float | None:
+    """Seconds from a numeric string or an ISO-8601 time (more than 6 fraction digits allowed)."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    iso = _FRACTION.sub(r"\1", text)
+    if iso.endswith(("Z", "z")):
+        iso = iso[:-1] + "+00:00"
+    try:
+        dt = datetime.fromisoformat(iso)
+    except ValueError:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def _short(text: str, n: int = 40) -> str:
+    return repr(text if len(text) <= n else text[:n] + "...")
+
+
+@dataclass(slots=True)
+class CommonFields:
+    """The optional fields shared by the chat, completion, tokens and ShareGPT formats."""
+
+    arrival: float = math.nan
+    tenant: str | None = None
+    cache_salt: str | None = None
+    lora: str | None = None
+    session: str | None = None
+    request_id: str | None = None
+    max_tokens: int | None = None
+    logged_output: int | None = None          # output_tokens / output_length / usage.completion_tokens
+    output_ids: np.ndarray | None = None      # logged output token ids
+    reply: str | None = None                  # logged reply text
+    prompt_logprobs: bool = False
+    model: str | None = None
+
+
+def common_fields(rec: dict) -> CommonFields:
+    """Parse the optional fields of a request record (see the README's input formats)."""
+    f = CommonFields()
+    f.arrival = timestamp(rec.get("timestamp"))
+    f.tenant = optional_name(rec, "tenant", "user")
+    f.cache_salt = optional_name(rec, "cache_salt")
+    f.lora = _lora(rec)
+    f.session = optional_name(rec, "session_id")
+    f.request_id = optional_name(rec, "request_id", "id")
+    f.max_tokens = optional_length(rec, "max_tokens", "max_completion_tokens")
+    f.model = optional_name(rec, "model")
+    out = rec.get("output_tokens")
+    if isinstance(out, list):  # some logs put the generated ids here
+        f.output_ids = token_ids(out, "output_tokens", allow_empty=True)
+        out = None
+    f.logged_output = None if out is None else length(out, "output_tokens")
+    if f.logged_output is None:
+        f.logged_output = optional_length(rec, "output_length")
+    if rec.get("output_token_ids") is not None:
+        f.output_ids = token_ids(rec["output_token_ids"], "output_token_ids", allow_empty=True)
+    usage = rec.get("usage")
+    for name in ("response", "output"):
+        value = rec.get(name)
+        if value is None:
+            continue
+        if isinstance(value, str):
+            f.reply = value
+        elif isinstance(value, dict):
+            f.reply, usage = _response_object(value, name, usage)
+        else:
+            raise BadRecord(f"{name} must be the reply text or an OpenAI response object, got {kind(value)}")
+        break
+    if f.logged_output is None and usage is not None:
+        if not isinstance(usage, dict):
+            raise BadRecord(f"usage must be an object, got {kind(usage)}")
+        if usage.get("completion_tokens") is not None:
+            f.logged_output = length(usage["completion_tokens"], "usage.completion_tokens")
+    pl = rec.get("prompt_logprobs")
+    if pl is not None and not isinstance(pl, (bool, int)):
+        raise BadRecord(f"prompt_logprobs must be a boolean or an integer, got {kind(pl)}")
+    f.prompt_logprobs = bool(pl)
+    return f
+
+
+def _lora(rec: dict) -> str | None:
+    value = rec.get("lora")
+    if isinstance(value, dict):
+        return optional_name(value, "lora_name", "name")
+    name = optional_name(rec, "lora", "lora_name")
+    if name is not None:
+        return name
+    req = rec.get("lora_request")
+    if req is None:
+        return None
+    if not isinstance(req, dict):
+        raise BadRecord(f"lora_request must be an object, got {kind(req)}")
+    return optional_name(req, "lora_name")
+
+
+def _response_object(obj: dict, name: str, usage: Any) -> tuple[str | None, Any]:
+    """Reply text and usage of an OpenAI chat/completion response object."""
+    if obj.get("usage") is not None:
+        usage = obj["usage"]
+    choices = obj.get("choices")
+    if choices is None:
+        return None, usage
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise BadRecord(f"{name}.choices must be a non-empty list of objects")
+    choice = choices[0]
+    msg = choice.get("message")
+    if isinstance(msg, dict):
+        content = msg.get("content")
+    else:
+        content = choice.get("text")
+    if content is not None and not isinstance(content, str):
+        raise BadRecord(f"{name}.choices[0] content must be a string, got {kind(content)}")
+    return content, usage

