@@ -1,0 +1,331 @@
+"""The fast APC engine: the sequential replay of ``apc.py`` as one compiled loop over flat arrays.
+
+Same rules as the reference model (spec ``vllm_apc.md §2–§4``), on arrays instead of
+objects: the free queue is a doubly linked list over block ids, the cache map an
+open-addressing table from 64-bit block keys to the earliest block registered under the key,
+with an insertion-ordered list per key for duplicates. In a sequential replay one request
+runs alone from admission to free, so its whole life is applied at once, which gives the
+same state as vLLM's step-by-step calls:
+
+1. lookup: walk the request's block keys up to ``(L-1)//B`` blocks until the first miss;
+2. touch the hits (they leave the free queue), then pop the ``ceil((L+M-1)/B) - hits``
+   blocks its prefill and decode steps take from the queue head, evicting their hashes;
+3. register the blocks that became full, ``floor((L+M-1)/B)`` in all (the block of the
+   final sampled token is never computed, so never cached);
+4. free in reverse order: unhashed blocks to the queue head (0.24+), hashed ones to the tail.
+
+Block keys are precomputed for every request (``fast`` 64-bit hashes, or vLLM's exact
+sha256 digests numbered in order of first appearance).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from numba import njit
+
+from kvsim.cache import hashing
+
+_EMPTY = -1
+
+
+@dataclass
+class FastWorkload:
+    """A trace flattened for the engine: per request L, M, read flag, and its block keys."""
+
+    prompt_len: np.ndarray     # int64 (n,)
+    output_len: np.ndarray     # int64 (n,), >= 1
+    read: np.ndarray           # bool (n,): may read the cache (no prompt logprobs)
+    keys: np.ndarray           # uint64: keys of blocks 0..floor((L+M-1)/B)-1 of every request
+    key_off: np.ndarray        # int64 (n+1,)
+    block_size: int
+
+    @property
+    def blocks_needed(self) -> np.ndarray:
+        """Peak blocks of each request: ceil((L + M - 1) / B)."""
+        return -(-(self.prompt_len + self.output_len - 1) // self.block_size)
+
+
+def build_workload(prompt_tok: np.ndarray, prompt_off: np.ndarray, out_tok: np.ndarray,
+                   out_off: np.ndarray, read: np.ndarray, lora: list[tuple[str, str] | None],
+                   salt: list[str | None], block_size: int, algo: str = "fast") -> FastWorkload:
+    """Compute every request's block keys (prompt + outputs) with the chosen hash."""
+    L = np.diff(prompt_off).astype(np.int64)
+    M = np.maximum(np.diff(out_off).astype(np.int64), 1)
+    nblocks = np.where(L > 0, (L + M - 1) // block_size, 0).astype(np.int64)
+    key_off = np.zeros(len(L) + 1, np.int64)
+    key_off[1:] = np.cumsum(nblocks)
+    keys = np.zeros(int(key_off[-1]), np.uint64)
+    if algo == "fast":
+        every = np.array([0 if ns is None else hashing.namespace_key("lora", *ns) for ns in lora], np.uint64)
+        first = np.array([hashing.namespace_key("cache_salt", s) if s else 0 for s in salt], np.uint64)
+        hashing.fast_hash_requests(prompt_tok, prompt_off, out_tok, out_off, nblocks, block_size,
+                                   every, first, key_off, keys)
+    else:
+        ids: dict[bytes, int] = {}
+        for i in range(len(L)):
+            if nblocks[i] == 0:
+                continue
+            seq = np.concatenate([prompt_tok[prompt_off[i]:prompt_off[i + 1]],
+                                  out_tok[out_off[i]:out_off[i + 1]]]).tolist()
+            digests = hashing.exact_block_hashes(seq[: nblocks[i] * block_size], block_size, algo,
+                                                 lora[i], salt[i])
+            keys[key_off[i]:key_off[i + 1]] = [ids.setdefault(d, len(ids) + 1) for d in digests]
+    return FastWorkload(L, M, np.asarray(read, bool), keys, key_off, block_size)
+
+
+# -- state ---------------------------------------------------------------------------------
+
+# slots of the scalar state array
+ST_EMPTY, ST_PEAK_USED, ST_PEAK_IN_USE, ST_EVICTED, ST_KEYS = 0, 1, 2, 3, 4
+
+
+class FastState:
+    """The engine's arrays: free queue, block keys, the key table and the per-key lists."""
+
+    def __init__(self, num_blocks: int, max_keys: int, max_request_blocks: int) -> None:
+        n = num_blocks
+        self.num_blocks = n
+        self.head, self.tail = n, n + 1
+        self.qnext = np.empty(n + 2, np.int32)
+        self.qprev = np.empty(n + 2, np.int32)
+        # initial queue: 1 .. n-1 (block 0 is the null block)
+        ids = np.arange(1, n, dtype=np.int32)
+        self.qnext[self.head] = 1 if n > 1 else self.tail
+        self.qprev[self.tail] = n - 1 if n > 1 else self.head
+        self.qnext[ids] = ids + 1
+        self.qprev[ids] = ids - 1
+        if n > 1:
+            self.qnext[n - 1] = self.tail
+            self.qprev[1] = self.head
+        self.key = np.zeros(n, np.uint64)          # 0 = no hash
+        self.dnext = np.full(n, -1, np.int32)      # next block with the same key
+        self.dprev = np.full(n, -1, np.int32)      # previous one; the first holds the last
+        size = 16
+        while size < 2 * max(max_keys, 1):
+            size *= 2
+        self.tkeys = np.zeros(size, np.uint64)
+        self.theads = np.full(size, _EMPTY, np.int32)
+        self.shift = 64 - int(np.log2(size))
+        self.st = np.zeros(8, np.int64)
+        self.st[ST_EMPTY] = n - 1
+        self.buf = np.zeros(max(max_request_blocks, 1), np.int32)
+
+    def free_queue(self) -> list[int]:
+        """Free block ids, head (next victim) first."""
+        out, b = [], int(self.qnext[self.head])
+        while b != self.tail:
+            out.append(b)
+            b = int(self.qnext[b])
+        return out
+
+    def cached_blocks(self) -> dict[int, list[int]]:
+        """key -> registered block ids, earliest first (for tests)."""
+        out: dict[int, list[int]] = {}
+        for s in np.flatnonzero(self.theads != _EMPTY):
+            b, chain = int(self.theads[s]), []
+            while b != -1:
+                chain.append(b)
+                b = int(self.dnext[b])
+            out[int(self.tkeys[s])] = chain
+        return out
+
+
+# -- compiled pieces -----------------------------------------------------------------------
+
+@njit(cache=True, inline="always")
+def _slot(key, shift):
+    return np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(shift))
+
+
+@njit(cache=True)
+def _get(tkeys, theads, shift, key):
+    mask = len(tkeys) - 1
+    s = _slot(key, shift)
+    while theads[s] != _EMPTY:
+        if tkeys[s] == key:
+            return theads[s]
+        s = (s + 1) & mask
+    return _EMPTY
+
+
+@njit(cache=True)
+def _insert(tkeys, theads, shift, dnext, dprev, key, b):
+    """Register block b under key, after any blocks already there (no de-duplication)."""
+    mask = len(tkeys) - 1
+    s = _slot(key, shift)
+    while theads[s] != _EMPTY:
+        if tkeys[s] == key:
+            first = theads[s]
+            last = dprev[first]
+            dnext[last] = b
+            dprev[b] = last
+            dnext[b] = -1
+            dprev[first] = b
+            return 0
+        s = (s + 1) & mask
+    tkeys[s] = key
+    theads[s] = b
+    dprev[b] = b
+    dnext[b] = -1
+    return 1
+
+
+@njit(cache=True)
+def _delete_slot(tkeys, theads, shift, s):
+    """Empty slot s of the linear-probing table, shifting later entries back."""
+    mask = len(tkeys) - 1
+    i = s
+    theads[i] = _EMPTY
+    j = i
+    while True:
+        j = (j + 1) & mask
+        if theads[j] == _EMPTY:
+            return
+        k = _slot(tkeys[j], shift)
+        if (i <= j and i < k <= j) or (i > j and (k > i or k <= j)):
+            continue
+        tkeys[i] = tkeys[j]
+        theads[i] = theads[j]
+        theads[j] = _EMPTY
+        i = j
+
+
+@njit(cache=True)
+def _remove(tkeys, theads, shift, dnext, dprev, key, b):
+    """Unregister block b from key; the key stays while other blocks hold it."""
+    mask = len(tkeys) - 1
+    s = _slot(key, shift)
+    while tkeys[s] != key or theads[s] == _EMPTY:
+        s = (s + 1) & mask
+    first = theads[s]
+    nxt = dnext[b]
+    if b == first:
+        if nxt == -1:
+            _delete_slot(tkeys, theads, shift, s)
+            return 1
+        dprev[nxt] = dprev[b]
+        theads[s] = nxt
+    else:
+        prv = dprev[b]
+        dnext[prv] = nxt
+        if nxt == -1:
+            dprev[first] = prv
+        else:
+            dprev[nxt] = prv
+    return 0
+
+
+@njit(cache=True)
+def run_sequential(i0, i1, L, M, read, keys, key_off, B, N, unhashed_to_head,
+                   qnext, qprev, head, tail, key, dnext, dprev, tkeys, theads, shift, st, buf,
+                   out_cached, out_rejected, out_evicted):
+    """Replay requests i0..i1-1, one at a time, each from admission to free."""
+    for i in range(i0, i1):
+        Li = L[i]
+        total = (Li + M[i] - 1 + B - 1) // B
+        if Li == 0 or total > N - 1:
+            out_rejected[i] = True  # can never be scheduled (spec §1 note)
+            continue
+        k0 = key_off[i]
+        # 1. lookup: hits capped so that at least one token is recomputed (§2.2)
+        h = 0
+        if read[i]:
+            cap = (Li - 1) // B
+            while h < cap:
+                b = _get(tkeys, theads, shift, keys[k0 + h])
+                if b == _EMPTY:
+                    break
+                buf[h] = b
+                h += 1
+        # 2. touch hits (leave the queue) before popping new blocks (§3.2, S6)
+        for j in range(h):
+            b = buf[j]
+            p, n = qprev[b], qnext[b]
+            qnext[p] = n
+            qprev[n] = p
+        ev = 0
+        for j in range(h, total):
+            b = qnext[head]
+            n = qnext[b]
+            qnext[head] = n
+            qprev[n] = head
+            k = key[b]
+            if k != 0:  # lazy eviction: the hash goes when the block is reused (§3.3)
+                st[ST_KEYS] -= _remove(tkeys, theads, shift, dnext, dprev, k, b)
+                key[b] = 0
+                ev += 1
+            else:
+                st[ST_EMPTY] -= 1
+            buf[j] = b
+        used = N - 1 - st[ST_EMPTY]
+        if used > st[ST_PEAK_USED]:
+            st[ST_PEAK_USED] = used
+        if total > st[ST_PEAK_IN_USE]:
+            st[ST_PEAK_IN_USE] = total
+        # 3. cache the blocks that became full; never the final token's block (§4.1)
+        nfull = (Li + M[i] - 1) // B
+        for j in range(h, nfull):
+            b = buf[j]
+            k = keys[k0 + j]
+            key[b] = k
+            st[ST_KEYS] += _insert(tkeys, theads, shift, dnext, dprev, k, b)
+        # 4. free, last block first (§3.5)
+        if unhashed_to_head:
+            for j in range(total):  # prepend_n(reversed blocks): the last block ends first
+                b = buf[j]
+                if key[b] == 0:
+                    n = qnext[head]
+                    qnext[head] = b
+                    qprev[b] = head
+                    qnext[b] = n
+                    qprev[n] = b
+                    st[ST_EMPTY] += 1
+        for j in range(total - 1, -1, -1):
+            b = buf[j]
+            if unhashed_to_head and key[b] == 0:
+                continue
+            if key[b] == 0:
+                st[ST_EMPTY] += 1
+            p = qprev[tail]
+            qnext[p] = b
+            qprev[b] = p
+            qnext[b] = tail
+            qprev[tail] = b
+        out_cached[i] = h * B
+        out_evicted[i] = ev
+        st[ST_EVICTED] += ev
+
+
+@dataclass
+class FastRun:
+    """Per-request outcome of a fast replay, and the engine's final state."""
+
+    cached_tokens: np.ndarray
+    rejected: np.ndarray
+    evictions: np.ndarray
+    state: FastState
+
+
+def replay_fast(work: FastWorkload, num_blocks: int, unhashed_to_head: bool = True,
+                progress: Callable[[int, int], None] | None = None, chunk: int = 1 << 16) -> FastRun:
+    """Replay a flattened workload sequentially in a pool of ``num_blocks`` (null block included)."""
+    n = len(work.prompt_len)
+    needed = work.blocks_needed
+    fits = (work.prompt_len > 0) & (needed <= num_blocks - 1)
+    max_req = int(needed[fits].max()) if fits.any() else 1
+    state = FastState(num_blocks, min(num_blocks, len(work.keys) + 1), max_req)
+    cached = np.zeros(n, np.int64)
+    rejected = np.zeros(n, np.bool_)
+    evicted = np.zeros(n, np.int64)
+    s = state
+    for i0 in range(0, n, chunk):
+        i1 = min(n, i0 + chunk)
+        run_sequential(i0, i1, work.prompt_len, work.output_len, work.read, work.keys, work.key_off,
+                       work.block_size, num_blocks, unhashed_to_head, s.qnext, s.qprev, s.head, s.tail,
+                       s.key, s.dnext, s.dprev, s.tkeys, s.theads, s.shift, s.st, s.buf,
+                       cached, rejected, evicted)
+        if progress is not None:
+            progress(i1, n)
+    return FastRun(cached, rejected, evicted, state)

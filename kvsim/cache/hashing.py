@@ -1,0 +1,245 @@
+"""Block hashing for the APC model: prefix-chained hashes of full blocks (spec ``vllm_apc.md §1``).
+
+Block *i* of a sequence (tokens ``[i*B, (i+1)*B)``) gets ``H((parent, tokens_i, extra_i))``
+where ``parent`` is the previous block's hash (NONE_HASH for block 0) and ``extra_i`` holds
+the namespace keys in vLLM 0.33's order: the LoRA adapter on every block, multimodal items
+overlapping the block, the ``cache_salt`` on block 0 only (§1.3). Only full blocks are hashed.
+
+Two families of ``H``:
+
+- ``sha256`` / ``sha256_cbor``: byte-for-byte vLLM's own hashes (SHA-256 over pickle /
+  canonical CBOR, NONE_HASH = H(seed) with the seed ``"vllm-none-hash"`` unless
+  ``PYTHONHASHSEED`` is set, as 0.33's ``init_none_hash``). Use these to match kvsim's
+  blocks against the hashes in vLLM's KV-cache events. Pure Python, so slow.
+- ``fast`` (default): a 64-bit chained hash over the same inputs, compiled with numba.
+  Only *equality* of hashes matters for hits and evictions, so it gives the same replay
+  unless two different prefixes collide: with n distinct blocks the chance of any collision
+  is about n²/2⁶⁵ (3·10⁻⁶ for ten million blocks).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from numba import njit
+
+from kvsim.errors import ConfigError
+
+HASH_ALGOS = ("fast", "sha256", "sha256_cbor")
+EXACT_ALGOS = ("sha256", "sha256_cbor")
+DEFAULT_NONE_HASH_SEED = "vllm-none-hash"  # vLLM 0.33 kv_cache_utils.DEFAULT_NONE_HASH_SEED
+
+# An mm item as vLLM's MultiModalFeatureSpec sees it: (offset, length, identifier).
+MMItem = tuple[int, int, str]
+
+
+def check_algo(algo: str) -> str:
+    """The algorithm name, or a clear error."""
+    if algo not in HASH_ALGOS:
+        raise ConfigError(f"unknown hash algorithm {algo!r}; choose one of {', '.join(HASH_ALGOS)}")
+    return algo
+
+
+# -- vLLM's exact hashes ----------------------------------------------------------------
+
+def sha256_pickle(obj: Any) -> bytes:
+    """vLLM ``sha256``: SHA-256 of ``pickle.dumps(obj, HIGHEST_PROTOCOL)``."""
+    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+def sha256_cbor(obj: Any) -> bytes:
+    """vLLM ``sha256_cbor``: SHA-256 of canonical CBOR."""
+    try:
+        import cbor2
+    except ImportError:
+        raise ConfigError("--hash-algo sha256_cbor needs the cbor2 package (pip install cbor2)") from None
+    return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
+
+
+def hash_function(algo: str) -> Callable[[Any], bytes]:
+    """The byte-exact hash function vLLM uses for ``--prefix-caching-hash-algo algo``."""
+    if algo == "sha256":
+        return sha256_pickle
+    if algo == "sha256_cbor":
+        return sha256_cbor
+    raise ConfigError(f"{algo!r} is not one of vLLM's hash algorithms ({', '.join(EXACT_ALGOS)})")
+
+
+def none_hash_seed() -> str:
+    """NONE_HASH's seed as vLLM 0.33 resolves it for sha256*: PYTHONHASHSEED, else the fixed default."""
+    seed = os.getenv("PYTHONHASHSEED")
+    return DEFAULT_NONE_HASH_SEED if seed is None else seed
+
+
+def none_hash(algo: str, seed: str | None = None) -> bytes:
+    """The parent hash of every block 0 (vLLM ``init_none_hash``, spec §1.1)."""
+    return hash_function(algo)(none_hash_seed() if seed is None else seed)
+
+
+def extra_keys(
+    start: int,
+    end: int,
+    lora: tuple[str, str] | None = None,
+    cache_salt: str | None = None,
+    mm_items: Sequence[MMItem] = (),
+) -> tuple[Any, ...] | None:
+    """The extra keys of the block covering tokens ``[start, end)``, as vLLM 0.33 builds them.
+
+    Order (spec §1.3; ``generate_block_hash_extra_keys``): LoRA ``("lora", name, path)`` on
+    every block, then ``("mm", identifier, offset - start)`` for each mm item overlapping the
+    block, then ``("cache_salt", salt)`` on the first block only. None when empty.
+    """
+    keys: list[Any] = []
+    if lora is not None:
+        keys.append(("lora", lora[0], lora[1]))
+    for offset, length, ident in mm_items:
+        if offset < end and start < offset + length:
+            keys.append(("mm", ident, offset - start))
+    if start == 0 and cache_salt:
+        keys.append(("cache_salt", cache_salt))
+    return tuple(keys) if keys else None
+
+
+def exact_block_hashes(
+    tokens: Sequence[int],
+    block_size: int,
+    algo: str = "sha256",
+    lora: tuple[str, str] | None = None,
+    cache_salt: str | None = None,
+    mm_items: Sequence[MMItem] = (),
+    start_block: int = 0,
+    parent: bytes | None = None,
+    seed: str | None = None,
+) -> list[bytes]:
+    """vLLM's block hashes (bytes) of the full blocks of ``tokens`` from ``start_block`` on.
+
+    ``parent`` is the hash of block ``start_block - 1`` (None for block 0), so hashes can be
+    extended as tokens are appended, as vLLM's request block hasher does.
+    """
+    fn = hash_function(algo)
+    root = none_hash(algo, seed)
+    out: list[bytes] = []
+    ids = [int(t) for t in tokens]  # Python ints: numpy ints pickle differently
+    for i in range(start_block, len(ids) // block_size):
+        start, end = i * block_size, (i + 1) * block_size
+        extra = extra_keys(start, end, lora, cache_salt, mm_items)
+        parent = fn((parent or root, tuple(ids[start:end]), extra))
+        out.append(parent)
+    return out
+
+
+# -- the fast 64-bit hash -----------------------------------------------------------------
+
+_MASK = (1 << 64) - 1
+_P1 = 0x9E3779B185EBCA87
+_P2 = 0xC2B2AE3D27D4EB4F
+_P3 = 0x165667B19E3779F9
+_F1 = 0xFF51AFD7ED558CCD
+_F2 = 0xC4CEB9FE1A85EC53
+
+
+def _fmix_py(h: int) -> int:
+    h ^= h >> 33
+    h = (h * _F1) & _MASK
+    h ^= h >> 33
+    h = (h * _F2) & _MASK
+    return h ^ (h >> 33)
+
+
+def _round_py(acc: int, lane: int) -> int:
+    acc = (acc + (lane & _MASK) * _P2) & _MASK
+    acc = ((acc << 31) | (acc >> 33)) & _MASK
+    return (acc * _P1) & _MASK
+
+
+FAST_ROOT = _fmix_py(_P3)  # parent of block 0 (the fast hash's NONE_HASH)
+
+
+def namespace_key(kind: str, *parts: str) -> int:
+    """A 64-bit key for a namespace value (LoRA adapter, salt); 0 means none."""
+    digest = hashlib.blake2b("\0".join((kind, *parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") or 1
+
+
+def fast_block_hash_py(parent: int, block: Sequence[int], every_key: int, first_key: int) -> int:
+    """The fast hash of one block — the readable definition the compiled kernels follow.
+
+    ``every_key`` (LoRA) enters every block and ``first_key`` (salt) block 0 only, as in
+    vLLM's extra keys (§1.3); the parent chains the whole prefix in. 0 is never returned.
+    """
+    acc = _round_py(parent ^ _P3, every_key)
+    acc = _round_py(acc, first_key)
+    for t in block:
+        acc = _round_py(acc, int(t))
+    return _fmix_py(acc ^ len(block)) or 1
+
+
+@njit(cache=True, inline="always")
+def _round(acc, lane):
+    acc = acc + lane * np.uint64(_P2)
+    acc = (acc << np.uint64(31)) | (acc >> np.uint64(33))
+    return acc * np.uint64(_P1)
+
+
+@njit(cache=True, inline="always")
+def _fmix(h):
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(_F1)
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(_F2)
+    return h ^ (h >> np.uint64(33))
+
+
+@njit(cache=True)
+def fast_hash_sequence(tokens, start_block, num_blocks, block_size, parent, every_key, first_key, out):
+    """Hash blocks ``start_block .. start_block+num_blocks-1`` of one token array into ``out``."""
+    h = np.uint64(parent)
+    for j in range(num_blocks):
+        b = start_block + j
+        acc = _round(h ^ np.uint64(_P3), np.uint64(every_key))
+        acc = _round(acc, np.uint64(first_key) if b == 0 else np.uint64(0))
+        base = b * block_size
+        for k in range(block_size):
+            acc = _round(acc, np.uint64(np.int64(tokens[base + k])))
+        h = _fmix(acc ^ np.uint64(block_size))
+        if h == np.uint64(0):
+            h = np.uint64(1)
+        out[j] = h
+
+
+@njit(cache=True)
+def fast_hash_requests(prompt_tok, prompt_off, out_tok, out_off, num_blocks, block_size,
+                       every_keys, first_keys, hash_off, out):
+    """Fast hashes of the first ``num_blocks[i]`` blocks of every request's prompt + output.
+
+    Request i's sequence is its prompt followed by its output tokens; its hashes go to
+    ``out[hash_off[i]:hash_off[i+1]]``.
+    """
+    n = len(num_blocks)
+    for i in range(n):
+        p0 = prompt_off[i]
+        plen = prompt_off[i + 1] - p0
+        o0 = out_off[i]
+        h = np.uint64(FAST_ROOT)
+        ek = np.uint64(every_keys[i])
+        fk = np.uint64(first_keys[i])
+        for j in range(num_blocks[i]):
+            acc = _round(h ^ np.uint64(_P3), ek)
+            acc = _round(acc, fk if j == 0 else np.uint64(0))
+            base = j * block_size
+            for k in range(block_size):
+                pos = base + k
+                if pos < plen:
+                    t = np.int64(prompt_tok[p0 + pos])
+                else:
+                    t = np.int64(out_tok[o0 + pos - plen])
+                acc = _round(acc, np.uint64(t))
+            h = _fmix(acc ^ np.uint64(block_size))
+            if h == np.uint64(0):
+                h = np.uint64(1)
+            out[hash_off[i] + j] = h
+
+
