@@ -11,7 +11,6 @@ import pytest
 from kvsim.errors import ConfigError
 from kvsim.workloads import generate, resolve, scenarios
 from kvsim.workloads.arrivals import BurstEnvelope, poisson_times
-from kvsim.workloads.code_review import system_prompt as review_system_prompt
 from kvsim.workloads.mixture import parse_mix, split_counts
 from kvsim.workloads.multi_lora import adapter_names
 from kvsim.workloads.rag import INSTRUCTION, POPULAR_TITLE
@@ -105,12 +104,23 @@ def test_code_review_follow_up_resends_the_review():
         assert f["messages"][2] == {"role": "assistant", "content": first["response"]}
 
 
-def test_code_review_system_prompt_size_follows_the_flag():
-    from kvsim.workloads.text import approx_tokens
+@pytest.mark.parametrize("name", ["code_review", "multi_tenant", "multi_lora", "volatile_prefix"])
+@pytest.mark.parametrize("tokens", [600, 2500])
+def test_system_tokens_flag_sets_prompt_size_in_cl100k_tokens(name, tokens):
+    from kvsim.io.tokenizers import get_tokenizer
 
-    for tokens in (1000, 3000):
-        size = approx_tokens(review_system_prompt(Rng(0), tokens))
-        assert abs(size - tokens) < 0.1 * tokens
+    prompt = system(lines(name, requests=2, system_tokens=tokens)[0])
+    assert abs(len(get_tokenizer("cl100k_base").encode(prompt)) - tokens) <= 0.1 * tokens
+
+
+def test_doc_tokens_flag_sets_document_size():
+    from kvsim.io.tokenizers import get_tokenizer
+
+    tok = get_tokenizer("cl100k_base")
+    for tokens in (100, 400):
+        body = system(lines("rag", requests=1, doc_tokens=tokens)[0]).split("\n\nDocument 1: ")[1]
+        doc = body.split("\n\nDocument 2: ")[0].split("\n", 1)[1]
+        assert abs(len(tok.encode(doc)) - tokens) <= 0.15 * tokens
 
 
 # -- (b) support chat -----------------------------------------------------------------

@@ -97,3 +97,16 @@ def test_bad_options_exit_2_with_one_line(tmp_path, monkeypatch, capsys, argv, m
     err = capsys.readouterr().err.strip()
     assert message in err and "Traceback" not in err and len(err.splitlines()) <= 2
     assert not (tmp_path / "X").exists()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_replies_fit_max_tokens_when_counted_exactly(seed):
+    """Exact output lengths (reply + end-of-turn, cl100k + llama3) never exceed max_tokens."""
+    from kvsim.workloads import generate, scenarios
+    from kvsim.workloads.writer import Encoder, count_outputs
+
+    encoder = Encoder()
+    for name in scenarios():
+        opts = {"requests": 150} if name != "support_chat" else {"sessions": 30}
+        for r in count_outputs(generate(name, seed=seed, **opts), encoder):
+            assert 1 < r.output_length <= r.max_tokens, (name, r.request_id)

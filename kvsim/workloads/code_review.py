@@ -18,6 +18,7 @@ from kvsim.workloads.text import TextGen, approx_tokens, fill
 
 FOLLOWUP_SHARE = 0.15
 MAX_TOKENS = 512
+REPLY_CAP = 400  # target size of the longest reply; code counts ~15% more tokens than estimated
 _COMPANIES = ("Northwind", "Contoso", "Globex", "Initech", "Acme Robotics", "Umbrella Labs")
 
 _INTRO = (
@@ -69,17 +70,21 @@ _FOLLOWUPS = ("Can you explain point {k} in more detail?",
 
 
 def system_prompt(rng: Rng, tokens: int) -> str:
-    """The shared reviewer instructions, about ``tokens`` tokens."""
+    """The shared reviewer instructions, about ``tokens`` tokens (a worked example is
+    included from 800 tokens up)."""
     text = TextGen(rng, words.CODE)
-    fixed = [_INTRO.format(company=rng.choice(_COMPANIES)), _PRIORITIES]
-    example_code = code.snippet(rng, "python", 70)
-    example = ("## Example\nUser: Please review this Python function:\n```python\n"
-               f"{example_code}\n```\nAssistant: {review_reply(rng, 'python', 110)}")
-    budget = tokens - sum(approx_tokens(p) for p in fixed + [example, _OUTPUT_FORMAT])
-    per_section = max(15, budget // len(_SECTIONS))
-    sections = [f"{title}\n{text.bullets(per_section)}" for title in _SECTIONS]
-    parts = fixed + sections + ([example] if tokens >= 800 else []) + [_OUTPUT_FORMAT]
-    return "\n\n".join(parts)
+    head = [_INTRO.format(company=rng.choice(_COMPANIES)), _PRIORITIES]
+    tail = [_OUTPUT_FORMAT]
+    if tokens >= 800:
+        example_code = code.snippet(rng, "python", 70)
+        tail.insert(0, "## Example\nUser: Please review this Python function:\n```python\n"
+                       f"{example_code}\n```\nAssistant: {review_reply(rng, 'python', 110)}")
+    budget = tokens - sum(approx_tokens(p) for p in head + tail)
+    sections: list[str] = []
+    for i, title in enumerate(_SECTIONS):  # each section takes its share of what is left
+        share = (budget - sum(approx_tokens(x) for x in sections)) // (len(_SECTIONS) - i)
+        sections.append(f"{title}\n{text.bullets(max(15, share - approx_tokens(title)))}")
+    return "\n\n".join(head + sections + tail)
 
 
 def review_request(rng: Rng) -> tuple[str, str]:
@@ -129,7 +134,7 @@ def build(p: Params, rng: Rng, volatile: bool = False, prefix: str = "cr") -> li
         session = f"{prefix}-s{conversation:04d}"
         conversation += 1
         user, lang = review_request(draw)
-        first_reply = review_reply(draw, lang, draw.lognormal_int(260, 0.4, 40, MAX_TOKENS - 60))
+        first_reply = review_reply(draw, lang, draw.lognormal_int(260, 0.4, 40, REPLY_CAP))
         first_len = approx_tokens(first_reply)
         sys_first = (_volatile_line(t, draw) + system) if volatile else system
         first = ChatRequest(messages=[msg("system", sys_first), msg("user", user)],
@@ -141,7 +146,7 @@ def build(p: Params, rng: Rng, volatile: bool = False, prefix: str = "cr") -> li
             t_follow = t + 0.02 * first_len + draw.lognormal_int(40, 0.6, 8, 600)
             question = draw.choice(_FOLLOWUPS).format(k=draw.between(1, 3))
             sys_follow = (_volatile_line(t_follow, draw) + system) if volatile else system
-            follow_reply = review_reply(draw, lang, draw.lognormal_int(200, 0.4, 30, MAX_TOKENS - 60))
+            follow_reply = review_reply(draw, lang, draw.lognormal_int(200, 0.4, 30, REPLY_CAP))
             out.append(ChatRequest(
                 messages=[msg("system", sys_follow), msg("user", user),
                           msg("assistant", first_reply), msg("user", question)],
