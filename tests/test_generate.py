@@ -1,6 +1,7 @@
 """kvsim generate: determinism and the structure each scenario promises."""
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections import defaultdict
@@ -18,13 +19,13 @@ from kvsim.workloads.rng import Rng
 
 # Small sizes keep every test fast.
 SMALL = {
-    "code_review": dict(requests=40, system_tokens=400),
-    "support_chat": dict(sessions=6, turns=4),
-    "rag": dict(requests=40, doc_tokens=80),
-    "multi_tenant": dict(requests=60, tenants=4, system_tokens=200),
-    "multi_lora": dict(requests=60, adapters=3, system_tokens=120),
-    "volatile_prefix": dict(requests=30, system_tokens=300),
-    "mixture": dict(requests=120, system_tokens=200, doc_tokens=80, turns=3),
+    "code_review": {"requests": 40, "system_tokens": 400},
+    "support_chat": {"sessions": 6, "turns": 4},
+    "rag": {"requests": 40, "doc_tokens": 80},
+    "multi_tenant": {"requests": 60, "tenants": 4, "system_tokens": 200},
+    "multi_lora": {"requests": 60, "adapters": 3, "system_tokens": 120},
+    "volatile_prefix": {"requests": 30, "system_tokens": 300},
+    "mixture": {"requests": 120, "system_tokens": 200, "doc_tokens": 80, "turns": 3},
 }
 
 
@@ -131,7 +132,7 @@ def test_support_turn_resends_previous_turn_and_its_reply():
     assert len(sessions) == 8
     for turns in sessions.values():
         assert 3 <= len(turns) <= 7  # 5 turns on average: between ceil(5/2) and 5 + 5//2
-        for prev, nxt in zip(turns, turns[1:]):
+        for prev, nxt in itertools.pairwise(turns):
             assert nxt["timestamp"] > prev["timestamp"]
             assert nxt["messages"][:-2] == prev["messages"]
             assert nxt["messages"][-2] == {"role": "assistant", "content": prev["response"]}
@@ -142,7 +143,7 @@ def test_support_turn_resends_previous_turn_and_its_reply():
 def test_support_sessions_interleave_in_time():
     recs = lines("support_chat", sessions=8, turns=5)
     order = [r["session_id"] for r in recs]
-    changes = sum(a != b for a, b in zip(order, order[1:]))
+    changes = sum(a != b for a, b in itertools.pairwise(order))
     assert changes > len(by_session(recs))  # not one session after another
 
 
@@ -242,7 +243,7 @@ def test_mixture_contains_every_component_and_keeps_conversations_intact():
     assert kinds == {"cr", "chat", "rag", "mt", "lora"}
     for sid, turns in by_session(recs).items():
         if sid.startswith("chat"):
-            for prev, nxt in zip(turns, turns[1:]):
+            for prev, nxt in itertools.pairwise(turns):
                 assert nxt["messages"][:-2] == prev["messages"]
 
 
@@ -264,7 +265,7 @@ def test_mixture_arrivals_come_in_bursts():
 def test_burst_envelope_warp_maps_expected_counts_to_segment_starts():
     env = BurstEnvelope.make(Rng(3), mean_rate=2.0, duration=600.0, burstiness=5.0)
     assert env.starts[-1] >= 600.0
-    assert sorted(set(round(r / min(env.rates), 6) for r in env.rates)) == [1.0, 5.0]
+    assert sorted({round(r / min(env.rates), 6) for r in env.rates}) == [1.0, 5.0]
     for k in range(len(env.rates)):
         assert math.isclose(env.warp(env.cum[k] / env.mean_rate), env.starts[k], abs_tol=1e-9)
     ts = [env.warp(x / 10) for x in range(5000)]
@@ -295,7 +296,7 @@ def test_options_that_do_not_apply_are_refused():
         resolve("nope")
 
 
-@pytest.mark.parametrize("opts", [dict(requests=0), dict(rate=0.0), dict(system_tokens=10)])
+@pytest.mark.parametrize("opts", [{"requests": 0}, {"rate": 0.0}, {"system_tokens": 10}])
 def test_bad_values_are_refused(opts):
     with pytest.raises(ConfigError):
         resolve("code_review", **opts)

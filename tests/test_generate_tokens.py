@@ -1,6 +1,7 @@
 """kvsim generate --format tokens: the tokenized form of the same chat log."""
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -20,7 +21,7 @@ def pair(tmp_path, name: str, *extra: str) -> tuple[list[dict], list[dict]]:
     chat, tokens = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.tokens.jsonl"
     assert run(["generate", name, "-o", str(chat), *CASES[name], *extra]) == 0
     assert run(["generate", name, "-o", str(tokens), "--format", "tokens", *CASES[name], *extra]) == 0
-    load = lambda p: [json.loads(line) for line in p.read_text().splitlines()]  # noqa: E731
+    load = lambda p: [json.loads(line) for line in p.read_text().splitlines()]
     return load(chat), load(tokens)
 
 
@@ -49,7 +50,7 @@ def test_next_turn_starts_with_previous_prompt_and_its_output_tokens(tmp_path):
         by_session.setdefault(t["session_id"], []).append(t)
     checked = 0
     for turns in by_session.values():
-        for prev, nxt in zip(turns, turns[1:]):
+        for prev, nxt in itertools.pairwise(turns):
             head = prev["prompt_token_ids"] + prev["output_token_ids"]
             assert nxt["prompt_token_ids"][:len(head)] == head
             checked += 1

@@ -14,7 +14,7 @@ TRACES = Path(__file__).resolve().parent.parent / "traces"
 
 def readme_commands() -> list[list[str]]:
     text = (TRACES / "README.md").read_text()
-    return [shlex.split(line)[1:] for line in re.findall(r"^kvsim generate .*$", text, re.M)]
+    return [shlex.split(line)[1:] for line in re.findall(r"^kvsim generate .*$", text, re.MULTILINE)]
 
 
 def test_readme_lists_a_command_for_every_bundled_trace():

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -16,44 +16,44 @@ _OUT = "Output"
 
 @app.command("generate")
 def generate_cmd(
-    scenario: Annotated[Optional[str], typer.Argument(
+    scenario: Annotated[str | None, typer.Argument(
         help="Scenario to generate, or 'list' to show them.", show_default=False)] = None,
-    output: Annotated[Optional[Path], typer.Option(
+    output: Annotated[Path | None, typer.Option(
         "--output", "-o", help="Where to write the JSONL (.gz compresses).", rich_help_panel=_OUT,
         show_default=False)] = None,
     seed: Annotated[int, typer.Option(help="Random seed: same seed and flags, same bytes.")] = 0,
-    requests: Annotated[Optional[int], typer.Option(
+    requests: Annotated[int | None, typer.Option(
         help="Number of requests.", rich_help_panel=_SIZE, show_default=False)] = None,
-    sessions: Annotated[Optional[int], typer.Option(
+    sessions: Annotated[int | None, typer.Option(
         help="Conversations (support_chat).", rich_help_panel=_SIZE, show_default=False)] = None,
-    turns: Annotated[Optional[int], typer.Option(
+    turns: Annotated[int | None, typer.Option(
         help="Mean turns per conversation (each has N/2 to 3N/2).", rich_help_panel=_SIZE,
         show_default=False)] = None,
-    tenants: Annotated[Optional[int], typer.Option(
+    tenants: Annotated[int | None, typer.Option(
         help="Tenants, each with its own cache_salt (multi_tenant).", rich_help_panel=_SIZE,
         show_default=False)] = None,
-    adapters: Annotated[Optional[int], typer.Option(
+    adapters: Annotated[int | None, typer.Option(
         help="LoRA adapters, one per team (multi_lora).", rich_help_panel=_SIZE,
         show_default=False)] = None,
-    rate: Annotated[Optional[float], typer.Option(
+    rate: Annotated[float | None, typer.Option(
         help="Mean arrival rate, requests per second.", rich_help_panel=_SIZE,
         show_default=False)] = None,
-    system_tokens: Annotated[Optional[int], typer.Option(
+    system_tokens: Annotated[int | None, typer.Option(
         help="Approximate tokens of the shared system prompt.", rich_help_panel=_SHAPE,
         show_default=False)] = None,
-    doc_tokens: Annotated[Optional[int], typer.Option(
+    doc_tokens: Annotated[int | None, typer.Option(
         help="Approximate tokens per retrieved document (rag).", rich_help_panel=_SHAPE,
         show_default=False)] = None,
     popular_last: Annotated[bool, typer.Option(
         "--popular-last", help="rag: put the popular document after the varying ones.",
         rich_help_panel=_SHAPE)] = False,
-    mix: Annotated[Optional[str], typer.Option(
+    mix: Annotated[str | None, typer.Option(
         help="mixture: scenario=weight,... (default code_review=0.25,support_chat=0.3,rag=0.2,"
              "multi_tenant=0.15,multi_lora=0.1).", rich_help_panel=_SHAPE, show_default=False)] = None,
-    burstiness: Annotated[Optional[float], typer.Option(
+    burstiness: Annotated[float | None, typer.Option(
         help="mixture: burst rate / quiet rate (default 5).", rich_help_panel=_SHAPE,
         show_default=False)] = None,
-    model: Annotated[Optional[str], typer.Option(
+    model: Annotated[str | None, typer.Option(
         help="Model name written in each request (default meta-llama/Meta-Llama-3-8B-Instruct).",
         rich_help_panel=_SHAPE, show_default=False)] = None,
     fmt: Annotated[str, typer.Option(

@@ -11,7 +11,13 @@ helpers, and a writer for chat-log (format 1) and pre-tokenized (format 3) JSONL
 from __future__ import annotations
 
 from kvsim.workloads.record import ChatRequest
-from kvsim.workloads.registry import Scenario, generate, get_scenario, resolve, scenarios
+from kvsim.workloads.registry import (
+           Scenario,
+           generate,
+           get_scenario,
+           resolve,
+           scenarios,
+)
 from kvsim.workloads.writer import WriteSummary, write_requests
 
 __all__ = ["ChatRequest", "Scenario", "WriteSummary", "generate", "get_scenario", "resolve",

@@ -35,7 +35,7 @@ class BurstEnvelope:
 
     @classmethod
     def make(cls, rng: Rng, mean_rate: float, duration: float, burstiness: float = 5.0,
-             mean_quiet_s: float = 60.0, mean_burst_s: float = 15.0) -> "BurstEnvelope":
+             mean_quiet_s: float = 60.0, mean_burst_s: float = 15.0) -> BurstEnvelope:
         """Segments covering at least ``duration`` seconds; bursts run at ``burstiness``
         times the quiet rate, and the expected rate over time is ``mean_rate``."""
         burst_share = mean_burst_s / (mean_burst_s + mean_quiet_s)
@@ -58,7 +58,3 @@ class BurstEnvelope:
         if k >= len(self.rates):  # past the last segment: continue at the mean rate
             return self.starts[-1] + (target - self.cum[-1]) / self.mean_rate
         return self.starts[k] + (target - self.cum[k]) / self.rates[k]
-
-    def rate_at(self, t: float) -> float:
-        k = bisect.bisect_right(self.starts, t) - 1
-        return self.rates[k] if 0 <= k < len(self.rates) else self.mean_rate

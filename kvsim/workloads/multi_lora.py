@@ -17,13 +17,14 @@ from kvsim.workloads.text import TextGen, approx_tokens
 
 MAX_TOKENS = 256
 _TASKS = (
-    ("Ticket triage", "Classify the support ticket into one of: billing, login, sync, bug, "
-     "feature request, other. Reply with the label, a confidence from 0 to 1, and one sentence "
-     "of justification."),
-    ("Ticket summary", "Summarize the support ticket for the on-call engineer in at most three "
-     "sentences: what is broken, for whom, and since when."),
-    ("Field extraction", "Extract the customer name, plan, order number, error code and product "
-     "area from the ticket. Reply with a JSON object; use null for missing fields."),
+    ("Ticket triage", ("Classify the support ticket into one of: billing, login, sync, bug, "
+                       "feature request, other. Reply with the label, a confidence from 0 to 1, "
+                       "and one sentence of justification.")),
+    ("Ticket summary", ("Summarize the support ticket for the on-call engineer in at most three "
+                        "sentences: what is broken, for whom, and since when.")),
+    ("Field extraction", ("Extract the customer name, plan, order number, error code and product "
+                          "area from the ticket. Reply with a JSON object; use null for missing "
+                          "fields.")),
 )
 
 
@@ -65,12 +66,13 @@ def task_reply(rng: Rng, task: int) -> str:
                 f"Reason: {text.sentence()}")
     if task == 1:
         return text.sentences(rng.lognormal_int(60, 0.4, 15, 150))
-    return ('{"customer_name": "%s", "plan": %s, "order_number": %s, "error_code": %s, '
-            '"product_area": "%s"}' % (rng.choice(words.FIRST_NAMES),
-                                       rng.choice(('"Basic"', '"Pro"', '"Enterprise"', "null")),
-                                       rng.choice((f'"TC-{rng.between(100000, 999999)}"', "null")),
-                                       rng.choice((f'"E{rng.between(100, 599)}"', "null")),
-                                       rng.choice(_LABELS)))
+    name = rng.choice(words.FIRST_NAMES)
+    plan = rng.choice(('"Basic"', '"Pro"', '"Enterprise"', "null"))
+    order = rng.choice((f'"TC-{rng.between(100000, 999999)}"', "null"))
+    error = rng.choice((f'"E{rng.between(100, 599)}"', "null"))
+    area = rng.choice(_LABELS)
+    return (f'{{"customer_name": "{name}", "plan": {plan}, "order_number": {order}, '
+            f'"error_code": {error}, "product_area": "{area}"}}')
 
 
 def build(p: Params, rng: Rng, prefix: str = "lora") -> list[ChatRequest]:

@@ -36,7 +36,7 @@ class ChatRequest:
     lora: str | None = None
     model: str = DEFAULT_MODEL
 
-    def with_(self, **changes: Any) -> "ChatRequest":
+    def with_(self, **changes: Any) -> ChatRequest:
         return replace(self, **changes)
 
     def to_json(self) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from kvsim.errors import ConfigError
 from kvsim.workloads.params import MIN_TOKENS, POSITIVE_INT, Params

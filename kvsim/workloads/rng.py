@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from typing import Sequence, TypeVar
+from collections.abc import Sequence
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -24,7 +25,7 @@ class Rng:
         digest = hashlib.sha256(self.key.encode()).digest()
         self._random = random.Random(int.from_bytes(digest[:8], "big"))
 
-    def fork(self, label: str) -> "Rng":
+    def fork(self, label: str) -> Rng:
         """An independent stream named ``label`` (same label, same stream)."""
         return Rng(f"{self.key}/{label}")
 
@@ -89,7 +90,7 @@ class Rng:
     def lognormal_int(self, median: float, sigma: float, lo: int, hi: int) -> int:
         """A log-normal integer with the given median, clipped to [lo, hi]."""
         value = median * math.exp(sigma * self.normal())
-        return max(lo, min(hi, int(round(value))))
+        return max(lo, min(hi, round(value)))
 
     def hex(self, digits: int) -> str:
         return "".join("0123456789abcdef"[self.below(16)] for _ in range(digits))

@@ -19,8 +19,8 @@ POLICY_TOKENS, PRODUCT_TOKENS, GUIDELINE_TOKENS = 200, 300, 150
 _INTRO = ("You are a customer support specialist at TechCorp. You help customers with TechCorp "
           "products, billing and accounts in the website chat.")
 _POLICY = (
-    "- Annual plans can be refunded in full within 30 days of purchase; monthly plans are refunded "
-    "for the current month only.",
+    ("- Annual plans can be refunded in full within 30 days of purchase; monthly plans are "
+     "refunded for the current month only."),
     "- Never share account details before the customer confirms the email address on the account.",
     "- Escalate outages, data loss, security reports and legal questions to a human agent.",
 )
@@ -28,8 +28,8 @@ _PRODUCTS = (
     "- CloudDesk Basic: $12 per user per month, 50 GB storage per user, email support.",
     "- CloudDesk Pro: $24 per user per month, 1 TB storage per user, chat support, single sign-on.",
     "- CloudDesk Enterprise: custom pricing, unlimited storage, 24/7 phone support, audit logs.",
-    "- SyncBridge: connects CloudDesk with Google Calendar, Outlook and Slack; included in Pro and "
-    "Enterprise.",
+    ("- SyncBridge: connects CloudDesk with Google Calendar, Outlook and Slack; included in Pro "
+     "and Enterprise."),
     "- Free trial: 14 days of Pro for up to 5 users, no card required.",
 )
 _GUIDELINES = (

@@ -6,7 +6,7 @@ numbers and punctuation the way cl100k splits ordinary English, within a few per
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from kvsim.workloads.rng import Rng
 from kvsim.workloads.words import ADVERBS, CONNECTIVES, DETERMINERS, PREPOSITIONS, Vocab

@@ -6,9 +6,10 @@ import gzip
 import json
 import os
 import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterator, Sequence
+from typing import IO, Any
 
 from kvsim.errors import ConfigError, KvsimError
 from kvsim.workloads.record import ChatRequest
@@ -84,7 +85,7 @@ def token_lines(requests: Sequence[ChatRequest], encoder: Encoder) -> Iterator[s
 
 def _open_target(raw: IO[bytes], gz: bool) -> IO[bytes]:
     # mtime=0 and no file name in the gzip header keep .gz output byte-identical.
-    return gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) if gz else raw
+    return gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) if gz else raw
 
 
 def write_requests(requests: Sequence[ChatRequest], path: str | Path, *, fmt: str = "chat",
