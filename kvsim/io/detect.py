@@ -24,8 +24,9 @@ def detect_format(src: Source, on_error: str = "fail") -> str:
         for reader in READERS.values():
             if not reader.jsonl and reader.sniff(src, first):
                 return reader.name
-        raise InputError(src.path, "not JSON and not a known CSV trace (an Azure trace CSV starts with "
-                         "TIMESTAMP,ContextTokens,GeneratedTokens)", 1)
+        if ".csv" in src.path.suffixes:
+            raise InputError(src.path, "not a known CSV trace (an Azure trace CSV starts with "
+                             "TIMESTAMP,ContextTokens,GeneratedTokens)", 1)
     for probed, (line, rec) in enumerate(src.records()):
         if probed >= MAX_PROBE:
             break

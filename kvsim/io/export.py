@@ -40,7 +40,7 @@ def write_tokens_jsonl(trace: Trace, path: str | Path) -> int:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as raw:
-            out: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if path.suffix == ".gz" else raw
+            out: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) if path.suffix == ".gz" else raw
             for i in range(len(trace)):
                 out.write(_line(trace, tokens, i).encode("utf-8"))
             if out is not raw:

@@ -109,7 +109,10 @@ def timestamp(value: Any, name: str = "timestamp") -> float:
     if isinstance(value, bool):
         raise BadRecord(f"{name} must be seconds or an ISO-8601 string, got a boolean")
     if isinstance(value, (int, float)):
-        t = float(value)
+        try:
+            t = float(value)
+        except OverflowError:
+            raise BadRecord(f"{name} is out of range") from None
     elif isinstance(value, str):
         t = parse_iso_or_number(value)
         if t is None:

