@@ -1,0 +1,63 @@
+"""`kvsim analyze`: order-free prefix-overlap statistics and cache-friendliness diagnostics."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from kvsim.cli.app import app, console
+from kvsim.cli.options import (FormatOpt, LimitOpt, LogPaths, OnErrorOpt, ShowTextOpt, TemplateOpt, TokenizerOpt,
+                               TraceBlockOpt, load_from_cli)
+
+_OUT = "Output"
+
+
+@app.command()
+def analyze(
+    logs: LogPaths,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the whole report as JSON.",
+                                                     rich_help_panel=_OUT, show_default=False)] = None,
+    show_text: ShowTextOpt = False,
+    model: Annotated[Optional[str], typer.Option(
+        "--model", help="Model shape (llama-3-8b, qwen2.5-72b, deepseek-v3, ...) or a HF config.json path: "
+        "cache capacities in GiB.", show_default=False)] = None,
+    block_sizes: Annotated[str, typer.Option("--block-sizes", help="Block sizes of the sensitivity table.")]
+    = "16,32,64,128,256,512",
+    top: Annotated[int, typer.Option("--top", help="Shared prefixes and divergence sites listed.")] = 10,
+    fmt: FormatOpt = "auto",
+    tokenizer: TokenizerOpt = "cl100k_base",
+    chat_template: TemplateOpt = "llama3",
+    trace_block_size: TraceBlockOpt = 512,
+    on_error: OnErrorOpt = "fail",
+    limit: LimitOpt = None,
+) -> None:
+    """How much of this workload could any prefix cache reuse, where is reuse lost, and what would fix it.
+
+    Without simulating a finite cache: the [bold]upper bound[/] (unlimited cache) at token
+    level and per block size, the top shared prefixes, where requests diverge and which
+    volatile content (dates, ids, names) breaks sharing, multi-turn history breaks, the
+    cost of cache salts and LoRA namespaces, the LRU capacity needed, and a
+    recommendation (APC or RadixAttention, block size, top 3 changes).
+    """
+    from kvsim.analyze import AnalyzeOptions, analyze as run_analysis
+    from kvsim.analyze.options import parse_block_sizes
+    from kvsim.analyze.render import render_report
+    from kvsim.outputs import check_output_path
+
+    opts = AnalyzeOptions(block_sizes=parse_block_sizes(block_sizes), top=top, show_text=show_text,
+                          model=model, progress=True)
+    if model is not None:
+        from kvsim.models import get_model
+
+        get_model(model)  # a bad name fails before the log is read
+    if json_out is not None:
+        check_output_path(json_out, logs)
+    trace = load_from_cli(logs, fmt, tokenizer, chat_template, trace_block_size, on_error, limit)
+    report = run_analysis(trace, opts).to_dict()
+    render_report(console, report)
+    if json_out is not None:
+        from kvsim.outputs import write_json
+
+        write_json(json_out, report)
+        console.print(f"report written to {json_out}")
