@@ -94,13 +94,23 @@ def extra_keys(
     """
     keys: list[Any] = []
     if lora is not None:
-        keys.append(("lora", lora[0], lora[1]))
+        keys.append(("lora", _own(lora[0]), _own(lora[1])))
     for offset, length, ident in mm_items:
         if offset < end and start < offset + length:
-            keys.append(("mm", ident, offset - start))
+            keys.append(("mm", _own(ident), offset - start))
     if start == 0 and cache_salt:
-        keys.append(("cache_salt", cache_salt))
+        keys.append(("cache_salt", _own(cache_salt)))
     return tuple(keys) if keys else None
+
+
+def _own(text: str) -> str:
+    """A copy of ``text`` that is its own object, as every string vLLM decodes from a request is.
+
+    ``pickle`` writes a string seen twice in one object as a back-reference, so vLLM's
+    ``sha256`` of ``("lora", name, path)`` differs between ``name is path`` and two equal
+    strings. CPython shares one-character strings, and so does this copy.
+    """
+    return (text + "\0")[:-1]
 
 
 def exact_block_hashes(

@@ -71,9 +71,29 @@ def unlimited_num_blocks(blocks_needed: np.ndarray) -> int:
     return int(blocks_needed.sum()) + 1
 
 
+@dataclass
+class APCFinalState:
+    """The pool after a replay, for comparisons with vLLM's own."""
+
+    free_queue: list[int]        # free block ids, head (next victim) first
+    map_keys: int                # distinct block hashes in the cache map
+    cached_blocks: int           # blocks registered in the map
+
+
 def replay_apc(trace: Trace, options: SimOptions, progress: Callable[[int, int], Any] | None = None,
                engine: str = "fast") -> ReplayResult:
     """Replay ``trace`` sequentially through vLLM APC; see :class:`ReplayResult`."""
+    return _replay(trace, options, progress, engine)[0]
+
+
+def replay_apc_detailed(trace: Trace, options: SimOptions, progress: Callable[[int, int], Any] | None = None,
+                        engine: str = "fast") -> tuple[ReplayResult, APCFinalState]:
+    """:func:`replay_apc`, plus the final state of the block pool."""
+    result, final = _replay(trace, options, progress, engine)
+    return result, final()
+
+
+def _replay(trace: Trace, options: SimOptions, progress, engine: str):
     if engine not in ENGINES:
         raise ConfigError(f"unknown APC engine {engine!r}; choose one of {', '.join(ENGINES)}")
     settings = apc_settings(options)
@@ -95,7 +115,7 @@ def replay_apc(trace: Trace, options: SimOptions, progress: Callable[[int, int],
         "evicted_blocks": int(run["evicted"].sum()),
         **figures,
     }
-    return ReplayResult(
+    result = ReplayResult(
         policy="apc",
         config={"block_size": B, "num_gpu_blocks": settings.num_gpu_blocks,
                 "capacity_tokens": settings.capacity_tokens, "hash_algo": settings.hash_algo,
@@ -110,6 +130,7 @@ def replay_apc(trace: Trace, options: SimOptions, progress: Callable[[int, int],
         elapsed_s=elapsed,
         extra=extra,
     )
+    return result, run["final"]
 
 
 def _namespaces(trace: Trace, settings: APCSettings) -> tuple[list, list]:
@@ -132,8 +153,13 @@ def _replay_fast(trace: Trace, settings: APCSettings, progress) -> dict[str, Any
     run = replay_fast(work, n, settings.profile.free_unhashed_to_head, progress)
     from kvsim.cache.apc_fast import ST_PEAK_IN_USE, ST_PEAK_USED
 
+    def final() -> APCFinalState:
+        chains = run.state.cached_blocks()
+        return APCFinalState(run.state.free_queue(), len(chains), sum(map(len, chains.values())))
+
     return {"cached": run.cached_tokens, "rejected": run.rejected, "evicted": run.evictions,
-            "peak_used": int(run.state.st[ST_PEAK_USED]), "peak_in_use": int(run.state.st[ST_PEAK_IN_USE])}
+            "peak_used": int(run.state.st[ST_PEAK_USED]), "peak_in_use": int(run.state.st[ST_PEAK_IN_USE]),
+            "final": final}
 
 
 def _replay_reference(trace: Trace, settings: APCSettings, progress) -> dict[str, Any]:
@@ -166,5 +192,9 @@ def _replay_reference(trace: Trace, settings: APCSettings, progress) -> dict[str
             progress(i + 1, n)
     if progress is not None:
         progress(n, n)
+    def final() -> APCFinalState:
+        pool = cache.pool
+        return APCFinalState(pool.free_block_ids(), len(pool.cached), pool.cached.num_blocks())
+
     return {"cached": cached, "rejected": rejected, "evicted": evicted,
-            "peak_used": cache.pool.peak_used_blocks, "peak_in_use": peak_in_use, "cache": cache}
+            "peak_used": cache.pool.peak_used_blocks, "peak_in_use": peak_in_use, "final": final}

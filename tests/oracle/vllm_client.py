@@ -49,15 +49,19 @@ def write_workload(trace: Trace, path: Path | str, lora_paths: dict[str, str] | 
     return Path(path)
 
 
-def run_jobs(jobs: list[dict[str, Any]], python: Path, timeout: float = 1800) -> list[dict[str, Any]]:
-    """Run driver jobs (each: workload, block_size, num_gpu_blocks, ...) in one subprocess."""
+def run_jobs(jobs: list[dict[str, Any]], python: Path, timeout: float = 1800,
+             env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Run driver jobs (each: workload, block_size, num_gpu_blocks, ...) in one subprocess.
+
+    ``env`` adds environment variables for the driver (e.g. ``PYTHONHASHSEED``).
+    """
     with tempfile.TemporaryDirectory(prefix="kvsim-oracle-") as tmp:
         for k, job in enumerate(jobs):
             job.setdefault("out", str(Path(tmp) / f"result{k}.npz"))
         spec = Path(tmp) / "jobs.json"
         spec.write_text(json.dumps(jobs))
         proc = subprocess.run([str(python), str(DRIVER), str(spec)], capture_output=True, text=True,
-                              timeout=timeout)
+                              timeout=timeout, env={**os.environ, **(env or {})})
         if proc.returncode != 0:
             raise RuntimeError(f"vLLM driver failed:\n{proc.stderr[-3000:]}")
         results = []

@@ -136,7 +136,16 @@ def run_job(job: dict) -> None:
     work = Workload(job["workload"])
     B, N = int(job["block_size"]), int(job["num_gpu_blocks"])
     hash_fn = get_hash_fn_by_name(job.get("hash_algo", "sha256"))
+    seed = job.get("pythonhashseed")
+    saved = os.environ.pop("PYTHONHASHSEED", None)
+    if seed is not None:
+        os.environ["PYTHONHASHSEED"] = str(seed)  # init_none_hash reads it (0.33)
+    elif saved is not None:
+        os.environ["PYTHONHASHSEED"] = saved
     init_none_hash(hash_fn)
+    os.environ.pop("PYTHONHASHSEED", None)
+    if saved is not None:
+        os.environ["PYTHONHASHSEED"] = saved
     hasher = get_request_block_hasher(B, hash_fn)
     count = [0] if job.get("count_evictions", True) else None
     manager = make_manager(N, B, count)
@@ -158,6 +167,8 @@ def run_job(job: dict) -> None:
             rejected[i] = True
             if job.get("probe_rejections") and L > 0:
                 probe[i] = serve(make_manager(N, B, None), work.make_request(i, hasher), outputs)
+            if i < hash_limit:
+                hash_off.append(len(hashes))
             continue
         before = count[0] if count else 0
         request = work.make_request(i, hasher)
