@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvsim.io.encode import PendingRequest
-from kvsim.io.fields import common_fields, token_ids
+from kvsim.io.fields import BadRecord, common_fields, token_ids
 from kvsim.io.readers.base import JsonRequestReader, LoadContext
 from kvsim.io.source import Source
 
@@ -20,8 +20,6 @@ class TokensReader(JsonRequestReader):
 
     def requests(self, rec: dict, line: int, src: Source, ctx: LoadContext) -> list[PendingRequest]:
         if rec.get("prompt_token_ids") is None:
-            from kvsim.io.fields import BadRecord
-
             raise BadRecord("missing prompt_token_ids")
         ids = token_ids(rec["prompt_token_ids"], "prompt_token_ids")
         return [self.pending(common_fields(rec), ctx, prompt_ids=ids)]
