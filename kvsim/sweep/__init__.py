@@ -1,0 +1,14 @@
+"""Sweeps: exact replays over a grid of capacities, block/page sizes and policies, run in
+parallel, and one-pass hit-rate-vs-capacity curves.
+
+- :func:`run_sweep` -> a tidy DataFrame, one row per combination; :func:`sweep` -> the
+  same plus the one-pass curves (:class:`SweepResult`).
+- :func:`curve` -> ``(capacities, hit_rates)`` arrays from one pass over the trace;
+  :func:`curve_model` -> the full step function (:class:`CurveModel`).
+"""
+from __future__ import annotations
+
+from kvsim.sweep.curves import CurveModel, curve, curve_model
+from kvsim.sweep.run import CurveSeries, SweepResult, run_sweep, sweep
+
+__all__ = ["run_sweep", "sweep", "curve", "curve_model", "CurveModel", "CurveSeries", "SweepResult"]

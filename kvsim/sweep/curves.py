@@ -1,0 +1,267 @@
+"""Hit rate vs capacity for every capacity at once, from one pass over the trace.
+
+Three models share the stack pass of :mod:`kvsim.sweep.stack`:
+
+- ``apc``: vLLM APC (sequential replay). Units are B-token blocks; a request leaves its
+  ``floor((L+M-1)/B)`` full blocks cached, holds one more partial block while it runs,
+  hits at most ``floor((L-1)/B)`` blocks, and is rejected where ``ceil((L+M-1)/B)`` blocks
+  exceed the usable ones (``vllm_apc.md §2.2, §3.5, §4.1``). Exact — the same hits as the
+  replay — at every capacity that rejects no request, unless a block-aligned prompt re-uses
+  a block that also survives as an older duplicate (see ``stack.py``).
+- ``radix``: SGLang radix with LRU (or LFU, which is LRU in 0.5.23, ``sglang_radix.md
+  §5.3``), on page-sized units (16-token granules at page size 1). An approximation: the
+  tree evicts whole leaves, so it can free more than it needs; the error against exact
+  replays is reported with every sweep.
+- ``block-lru``: the "theoretical" model of hash-id studies (Mooncake FAST'25 Fig. 9): LRU
+  over the trace's blocks, partial last block included and token-weighted, hits
+  prefix-contiguous with no recompute cap, no transient footprint. Exact.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from kvsim.errors import ConfigError
+from kvsim.io.trace import Trace
+from kvsim.sweep.stack import NEVER, stack_pass
+
+CURVE_POLICIES = ("apc", "radix", "block-lru")
+#: radix eviction policies whose order is LRU's (LFU's hit count never moves in RadixCache)
+LRU_LIKE = ("lru", "lfu")
+#: tokens per unit of the radix model at page size 1
+RADIX_GRANULE = 16
+
+
+@dataclass
+class CurveModel:
+    """Hit rate as a step function of capacity, from one stack pass.
+
+    Capacities are counted in units of ``unit_tokens`` tokens (APC blocks, radix pages);
+    ``hits(U)`` is the sum of ``hit_w`` over events with threshold <= U and the
+    denominator the prompt tokens of the requests admitted at U.
+    """
+
+    policy: str
+    settings: dict[str, Any]
+    unit_tokens: int
+    hit_thr: np.ndarray          # sorted thresholds (units)
+    hit_cum: np.ndarray          # cumulative hit tokens up to each threshold
+    den_thr: np.ndarray          # sorted admission thresholds (units)
+    den_cum: np.ndarray          # cumulative prompt tokens
+    exactness: str               # where the model is exact
+    elapsed_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def saturation_units(self) -> int:
+        """Past this many units the curve is flat (every hit and every request counted)."""
+        last = [int(a[-1]) for a in (self.hit_thr, self.den_thr) if len(a)]
+        return max(last + [1])
+
+    def hits_at_units(self, units: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(hit tokens, admitted prompt tokens) at each capacity in units (inf = unlimited)."""
+        u = np.asarray(units, np.float64)
+        hits = _cum_at(self.hit_thr, self.hit_cum, u)
+        den = _cum_at(self.den_thr, self.den_cum, u)
+        return hits, den
+
+    def hit_rate_at_units(self, units: Sequence[float] | np.ndarray) -> np.ndarray:
+        hits, den = self.hits_at_units(units)
+        return np.divide(hits, den, out=np.zeros(len(hits)), where=den > 0)
+
+    def units_of(self, capacity_tokens: Sequence[float | None] | np.ndarray) -> np.ndarray:
+        """Usable tokens -> whole units (None or inf = unlimited)."""
+        vals = np.array([math.inf if c is None else float(c) for c in np.atleast_1d(capacity_tokens)])
+        return np.floor(vals / self.unit_tokens)
+
+    def hit_rate(self, capacity_tokens: Sequence[float | None] | np.ndarray) -> np.ndarray:
+        """Token hit rate at usable KV capacities in tokens."""
+        return self.hit_rate_at_units(self.units_of(capacity_tokens))
+
+    def grid(self, points: int = 64, lo_tokens: float | None = None,
+             hi_tokens: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """A smooth curve: ``points`` log-spaced capacities (tokens) and their hit rates."""
+        lo = max(1.0, (lo_tokens or self.unit_tokens) / self.unit_tokens)
+        hi = max(lo, (hi_tokens or self.saturation_units * self.unit_tokens) / self.unit_tokens)
+        units = np.unique(np.floor(np.geomspace(lo, hi, max(2, int(points)))))
+        return units * self.unit_tokens, self.hit_rate_at_units(units)
+
+
+def _cum_at(thr: np.ndarray, cum: np.ndarray, units: np.ndarray) -> np.ndarray:
+    idx = np.searchsorted(thr, units, side="right") - 1
+    out = np.where(idx >= 0, cum[np.maximum(idx, 0)], 0)
+    return out.astype(np.float64) if len(cum) else np.zeros(len(units))
+
+
+def _finish(policy: str, settings: dict[str, Any], unit_tokens: int, inputs: dict[str, Any],
+            prompt: np.ndarray, measured: np.ndarray, exactness: str, t0: float,
+            dedup: bool = False) -> CurveModel:
+    cap = inputs["cap"]
+    m = int(cap[measured].sum()) if len(cap) else 0
+    out_thr = np.empty(max(m, 1), np.int64)
+    out_w = np.empty(max(m, 1), np.int64)
+    ne = stack_pass(inputs["keys"], inputs["key_off"], cap, inputs["phi"], inputs["foot"],
+                    measured, int(inputs["unit_w"]), inputs["last_w"], bool(inputs.get("ghost_phi", False)),
+                    bool(inputs.get("forward", False)), bool(dedup), out_thr, out_w)
+    hit_thr, hit_cum = _step_function(out_thr[:ne], out_w[:ne])
+    foot = inputs["foot"]
+    ok = measured & (foot < NEVER)
+    den_thr, den_cum = _step_function(foot[ok], prompt[ok])
+    return CurveModel(policy, settings, unit_tokens, hit_thr, hit_cum, den_thr, den_cum, exactness,
+                      time.perf_counter() - t0)
+
+
+def _step_function(thr: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct thresholds (sorted) and the cumulative weight up to each."""
+    if len(thr) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    top = int(thr.max())
+    if top <= 4 * len(thr) + (1 << 20):  # a histogram is cheaper than a sort
+        hist = np.bincount(thr, weights=w, minlength=top + 1)
+        at = np.flatnonzero(np.bincount(thr, minlength=top + 1))
+        return at.astype(np.int64), np.cumsum(hist)[at].round().astype(np.int64)
+    order = np.argsort(thr, kind="stable")
+    thr, cum = thr[order], np.cumsum(w[order])
+    last = np.r_[thr[1:] != thr[:-1], True]
+    return thr[last].astype(np.int64), cum[last].astype(np.int64)
+
+
+def measured_mask(n: int, warmup: float = 0.0) -> np.ndarray:
+    """Requests whose hits count: all, or all after the first ``warmup`` fraction."""
+    if not 0.0 <= warmup < 1.0:
+        raise ConfigError(f"warm-up must be a fraction in [0, 1), got {warmup!r}")
+    mask = np.ones(n, bool)
+    mask[: int(math.floor(n * warmup))] = False
+    return mask
+
+
+# -- the three models -----------------------------------------------------------------------
+
+def _chained_units(trace: Trace, unit: int, hash_algo: str, engine_version: str | None):
+    """APC's own block keys (prompt + outputs, namespaces) at block size ``unit``."""
+    from kvsim.cache.apc_fast import build_workload
+    from kvsim.replay.apc import _namespaces, apc_settings
+    from kvsim.replay.options import SimOptions
+    from kvsim.replay.requests import output_token_arrays
+
+    settings = apc_settings(SimOptions(block_size=unit, hash_algo=hash_algo, engine_version=engine_version))
+    out, out_off = output_token_arrays(trace)
+    lora, salt = _namespaces(trace, settings)
+    work = build_workload(trace.tokens, trace.offsets, out, out_off, ~trace.prompt_logprobs.astype(bool),
+                          lora, salt, unit, "fast")
+    return settings, work
+
+
+def _sequence_inputs(work, unit: int, read: np.ndarray) -> dict[str, Any]:
+    L, M = work.prompt_len, work.output_len
+    kept = work.key_off[1:] - work.key_off[:-1]            # floor((L+M-1)/unit), 0 when L == 0
+    peak = np.where(L > 0, -(-(L + M - 1) // unit), 0)     # ceil((L+M-1)/unit)
+    return {
+        "keys": work.keys, "key_off": work.key_off,
+        "cap": np.where(read & (L > 0), (L - 1) // unit, 0).astype(np.int64),
+        "phi": (peak - kept).astype(np.int64),
+        "foot": np.where(L > 0, peak, NEVER).astype(np.int64),
+        "unit_w": unit, "last_w": np.full(len(L), unit, np.int64),
+    }
+
+
+def apc_curve(trace: Trace, block_size: int = 16, engine_version: str | None = None,
+              warmup: float = 0.0) -> CurveModel:
+    """The APC hit-rate curve (token hit rate over admitted requests, as ``summarize``)."""
+    t0 = time.perf_counter()
+    trace.require_tokens("a hit-rate curve")
+    settings, work = _chained_units(trace, int(block_size), "fast", engine_version)
+    inputs = _sequence_inputs(work, int(block_size), work.read)
+    inputs["ghost_phi"] = not settings.profile.free_unhashed_to_head
+    exactness = ("exact at capacities >= the largest request footprint "
+                 f"({int(inputs['foot'][inputs['foot'] < NEVER].max(initial=0)) * block_size:,} tokens) "
+                 "barring re-used duplicate blocks")
+    model = _finish("apc", {"block_size": int(block_size), "engine_version": settings.profile.version},
+                    int(block_size), inputs, work.prompt_len, measured_mask(len(trace), warmup), exactness, t0)
+    model.extra["min_exact_tokens"] = int(inputs["foot"][inputs["foot"] < NEVER].max(initial=0)) * int(block_size)
+    return model
+
+
+def radix_curve(trace: Trace, page_size: int = 1, eviction_policy: str = "lru", granule: int | None = None,
+                warmup: float = 0.0) -> CurveModel:
+    """The radix hit-rate curve (LRU-like eviction only), on page-sized units."""
+    if eviction_policy.lower() not in LRU_LIKE:
+        raise ConfigError(f"no one-pass curve for radix eviction policy {eviction_policy!r} "
+                          f"(only {', '.join(LRU_LIKE)})")
+    t0 = time.perf_counter()
+    trace.require_tokens("a hit-rate curve")
+    unit = int(page_size) if page_size > 1 else int(granule or RADIX_GRANULE)
+    _, work = _chained_units(trace, unit, "fast", None)
+    read = np.ones(len(trace), bool)
+    inputs = _sequence_inputs(work, unit, read)
+    exactness = "approximate (whole-leaf eviction, page/granule rounding); see the measured error"
+    return _finish("radix", {"page_size": int(page_size), "eviction_policy": eviction_policy.lower(),
+                             "granule": unit}, unit, inputs, work.prompt_len,
+                   measured_mask(len(trace), warmup), exactness, t0, dedup=True)
+
+
+def block_lru_curve(trace: Trace, block_size: int | None = None, warmup: float = 0.0,
+                    order: str = "tail-first") -> CurveModel:
+    """LRU over the trace's blocks (partial last block included, token-weighted).
+
+    ``order="tail-first"`` evicts a sequence's tail before its prefix (the leaf-first LRU of
+    a prefix trie); ``"forward"`` is plain block LRU touching a request's blocks in order.
+    """
+    if order not in ("tail-first", "forward"):
+        raise ConfigError(f"order must be 'tail-first' or 'forward', got {order!r}")
+    t0 = time.perf_counter()
+    tokens = trace.require_tokens("a hit-rate curve")
+    B = int(block_size or trace.meta.hash_block_size or 512)
+    from kvsim.sweep.chains import prompt_block_keys
+
+    ns = _namespace_keys(trace)
+    keys, key_off, last_len = prompt_block_keys(tokens, trace.offsets, B, ns)
+    nb = np.diff(key_off)
+    inputs = {"keys": keys, "key_off": key_off, "cap": nb.astype(np.int64),
+              "phi": np.zeros(len(trace), np.int64), "foot": np.zeros(len(trace), np.int64),
+              "unit_w": B, "last_w": last_len, "forward": order == "forward"}
+    exactness = "exact"
+    return _finish("block-lru", {"block_size": B, "order": order, "warmup": warmup}, B, inputs,
+                   trace.prompt_lengths, measured_mask(len(trace), warmup), exactness, t0)
+
+
+def _namespace_keys(trace: Trace) -> np.ndarray:
+    from kvsim.cache.hashing import namespace_key
+
+    out = np.zeros(len(trace), np.uint64)
+    for i in np.flatnonzero((trace.cache_salt >= 0) | (trace.lora >= 0)):
+        salt = trace.name_of("cache_salt", int(trace.cache_salt[i])) or ""
+        lora = trace.name_of("lora", int(trace.lora[i])) or ""
+        out[i] = namespace_key("ns", salt, lora)
+    return out
+
+
+def curve_model(trace: Trace, policy: str, block_size: int = 16, page_size: int = 1,
+                eviction_policy: str = "lru", engine_version: str | None = None, warmup: float = 0.0,
+                granule: int | None = None) -> CurveModel:
+    """The one-pass model of ``policy`` ('apc', 'radix' or 'block-lru')."""
+    if policy == "apc":
+        return apc_curve(trace, block_size, engine_version, warmup)
+    if policy == "radix":
+        return radix_curve(trace, page_size, eviction_policy, granule, warmup)
+    if policy == "block-lru":
+        return block_lru_curve(trace, block_size, warmup)
+    raise ConfigError(f"no one-pass curve for policy {policy!r}; choose from {', '.join(CURVE_POLICIES)}")
+
+
+def curve(trace: Trace, policy: str = "apc", capacities: Sequence[float] | None = None, points: int = 64,
+          **settings: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(capacities, hit_rates)``: token hit rate at usable capacities in tokens.
+
+    Without ``capacities``, ``points`` log-spaced capacities from one unit to where the curve
+    saturates. ``settings`` go to :func:`curve_model` (block_size, page_size, ...).
+    """
+    model = curve_model(trace, policy, **settings)
+    if capacities is None:
+        return model.grid(points)
+    caps = np.asarray([math.inf if c is None else float(c) for c in capacities], np.float64)
+    return caps, model.hit_rate(caps)

@@ -1,0 +1,163 @@
+"""``run_sweep``: every combination as an exact replay, plus one-pass curves and their error."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from kvsim.io.trace import Trace
+from kvsim.sweep.curves import LRU_LIKE, CurveModel, curve_model
+from kvsim.sweep.grid import (SweepPoint, expand_grid, parse_capacities, parse_eviction_policies,
+                              parse_ints, parse_policies)
+from kvsim.sweep.runner import Executor, run_points
+
+#: summary figures kept as columns, in this order
+FIGURES = ("token_hit_rate", "vllm_logged_hit_rate", "sglang_logged_hit_rate", "request_hit_rate",
+           "mean_cached_fraction", "requests", "admitted", "rejected", "prompt_tokens", "cached_tokens",
+           "evictions", "evicted_tokens", "peak_used_tokens", "replay_seconds")
+
+
+@dataclass
+class CurveSeries:
+    """One one-pass curve: a policy setting, its smooth curve, and its error at the swept points."""
+
+    policy: str
+    settings: dict[str, Any]
+    capacity_tokens: np.ndarray      # smooth curve x (usable KV tokens)
+    hit_rate: np.ndarray             # smooth curve y (token hit rate)
+    points: int                      # swept points compared
+    max_abs_error: float | None      # vs the exact replays at the swept points
+    mean_abs_error: float | None
+    exactness: str
+    seconds: float
+    model: CurveModel | None = field(default=None, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy, "settings": self.settings,
+                "capacity_tokens": self.capacity_tokens.tolist(), "hit_rate": self.hit_rate.tolist(),
+                "points": self.points, "max_abs_error": self.max_abs_error,
+                "mean_abs_error": self.mean_abs_error, "exactness": self.exactness,
+                "seconds": round(self.seconds, 4)}
+
+
+@dataclass
+class SweepResult:
+    """The tidy table (one row per combination) and the one-pass curves."""
+
+    frame: pd.DataFrame
+    curves: list[CurveSeries]
+    points: list[SweepPoint]
+    elapsed_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        rows = self.frame.replace({np.inf: None}).astype(object).where(self.frame.notna(), None)
+        return {"rows": rows.to_dict(orient="records"), "curves": [c.as_dict() for c in self.curves],
+                "seconds": round(self.elapsed_s, 3)}
+
+
+def sweep(trace: Trace, policies: str | Sequence[str] = "apc,radix", capacities: str | Sequence[Any] = "inf",
+          block_sizes: str | Sequence[int] = (16,), page_sizes: str | Sequence[int] = (1,),
+          eviction_policies: str | Sequence[str] = ("lru",), model: str | None = None,
+          jobs: int | None = None, executor: str | Executor = "local", curves: bool = True,
+          curve_points: int = 64, progress: bool | Callable[[int, int], Any] = False,
+          **options: Any) -> SweepResult:
+    """Replay every combination exactly and attach one-pass curves; see :func:`run_sweep`."""
+    t0 = time.perf_counter()
+    trace.require_tokens("a sweep")
+    names = parse_policies(policies)
+    caps = parse_capacities(capacities, model)
+    base = dict(options)
+    if model is not None:
+        base["model"] = model
+    points = expand_grid(
+        names, caps,
+        block_sizes=parse_ints(block_sizes, "--block-size") if "apc" in names else (16,),
+        page_sizes=parse_ints(page_sizes, "--page-size") if "radix" in names else (1,),
+        eviction_policies=parse_eviction_policies(eviction_policies) if "radix" in names else ("lru",),
+        base=base)
+    rows = run_points(trace, points, executor=executor, jobs=jobs, progress=progress)
+    frame = _frame(points, rows)
+    series = _curves(trace, points, frame, curve_points) if curves else []
+    return SweepResult(frame, series, points, time.perf_counter() - t0)
+
+
+def run_sweep(trace: Trace, policies: str | Sequence[str] = "apc,radix", capacities: str | Sequence[Any] = "inf",
+              block_sizes: str | Sequence[int] = (16,), page_sizes: str | Sequence[int] = (1,),
+              eviction_policies: str | Sequence[str] = ("lru",), model: str | None = None,
+              jobs: int | None = None, executor: str | Executor = "local", curves: bool = True,
+              **options: Any) -> pd.DataFrame:
+    """One row per combination (policy x settings x capacity), as a tidy DataFrame.
+
+    Each list is a comma string or a sequence. Capacities are usable KV tokens ('1e5',
+    'inf') or memory ('20GiB', with ``model``). APC rows vary ``block_sizes``, radix rows
+    ``page_sizes`` x ``eviction_policies``. Replays run in a process pool of ``jobs``
+    workers (default: all CPUs; 1 = in this process) or on Ray (``executor="ray"``). With
+    ``curves``, LRU-like rows get ``curve_hit_rate`` (the one-pass estimate) and
+    ``curve_abs_error`` (its distance to the exact replay). ``options`` are further
+    :class:`~kvsim.replay.options.SimOptions` fields shared by every replay.
+    """
+    return sweep(trace, policies, capacities, block_sizes, page_sizes, eviction_policies, model, jobs,
+                 executor, curves, **options).frame
+
+
+def _frame(points: list[SweepPoint], rows: list[dict[str, Any]]) -> pd.DataFrame:
+    records = []
+    for p, row in zip(points, rows):
+        cfg = row.get("config", {})
+        cap = row.get("capacity_tokens")
+        rec = {**p.label(), "capacity_tokens": math.inf if cap is None else float(cap),
+               "num_gpu_blocks": cfg.get("num_gpu_blocks") if p.policy == "apc" else None,
+               "max_total_tokens": cfg.get("max_total_tokens") if p.policy == "radix" else None}
+        for key in FIGURES:
+            rec[key] = row.get(key)
+        records.append(rec)
+    frame = pd.DataFrame.from_records(records)
+    for col in ("block_size", "page_size", "num_gpu_blocks", "max_total_tokens"):
+        frame[col] = frame[col].astype("Int64")
+    return frame
+
+
+def _curve_groups(points: list[SweepPoint]) -> dict[tuple, list[int]]:
+    """Rows that share one curve: APC per block size; radix per page size, LRU and LFU together."""
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(points):
+        if p.policy == "apc":
+            key: tuple = ("apc", p.block_size)
+        elif p.policy == "radix" and p.eviction_policy in LRU_LIKE:
+            key = ("radix", p.page_size)
+        else:
+            continue
+        groups.setdefault(key, []).append(i)
+    return groups
+
+
+def _curves(trace: Trace, points: list[SweepPoint], frame: pd.DataFrame, curve_points: int) -> list[CurveSeries]:
+    frame["curve_hit_rate"] = np.nan
+    frame["curve_abs_error"] = np.nan
+    engine_version = points[0].base.get("engine_version") if points else None
+    out: list[CurveSeries] = []
+    for (policy, size), idx in _curve_groups(points).items():
+        if policy == "apc":
+            model = curve_model(trace, "apc", block_size=size, engine_version=engine_version)
+        else:
+            model = curve_model(trace, "radix", page_size=size, eviction_policy="lru")
+        caps = frame.loc[idx, "capacity_tokens"].to_numpy(np.float64)
+        est = model.hit_rate(caps)
+        exact = frame.loc[idx, "token_hit_rate"].to_numpy(np.float64)
+        err = np.abs(est - exact)
+        frame.loc[idx, "curve_hit_rate"] = est
+        frame.loc[idx, "curve_abs_error"] = err
+        finite = caps[np.isfinite(caps)]
+        hi = max(float(finite.max()) if len(finite) else 0.0, model.saturation_units * model.unit_tokens)
+        xs, ys = model.grid(curve_points, hi_tokens=hi)
+        settings = dict(model.settings)
+        if policy == "radix":
+            settings["eviction_policies"] = sorted({points[i].eviction_policy for i in idx})
+        out.append(CurveSeries(policy, settings, xs, ys, len(idx),
+                               float(err.max()) if len(err) else None, float(err.mean()) if len(err) else None,
+                               model.exactness, model.elapsed_s, model))
+    return out

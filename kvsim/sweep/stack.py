@@ -1,0 +1,232 @@
+"""One pass over a trace that gives the hit length of every request at *every* capacity.
+
+The model (a Mattson stack adapted to prefix chains). Each request is a chain of units
+(blocks or pages, identified by prefix-chained keys). After a request ends, its units go
+on top of a recency stack, **tail first**: the last unit lowest, the first unit on top —
+vLLM's free order (``vllm_apc.md §3.5``: released in reverse, so a sequence's tail is
+evicted before its prefix) and the radix tree's leaf-first LRU eviction (``sglang_radix.md
+§5``). A cache of C units holds the C top units. While request i runs it also holds
+``phi[i]`` transient units (a partial last block) that are not kept afterwards, so a unit
+survives request i only if its depth plus ``phi[i]`` fits. Then the cache of every size is
+the same stack cut at a different depth, and
+
+    unit x hits at capacity C  <=>  D(x) <= C,
+    D(x) = 1 + (units above x at the lookup) + max phi over the requests since x was last
+           pushed in which nothing new went above x.
+
+Because a unit's prefix is always pushed after it, D grows along a chain and the cached
+set is prefix-closed: a request's hit at C is its leading units with D <= C. The second
+term is exact when phi is 0 or 1 (APC: the partial block); it is the general max-depth
+rule otherwise. Depths come from a Fenwick tree over push slots: O(log n) per unit.
+
+Where it is not exact (callers state it): a request that cannot fit at capacity C is
+skipped by the engine but still pushes its units here; a unit re-used while an older
+duplicate copy survives (vLLM touches the oldest copy, the model the newest) shifts the
+depth of units between the two copies by one.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+NEVER = np.int64(1) << np.int64(60)   # a threshold no capacity reaches
+_LOW = np.uint64(0xFFFFFFFF)
+
+
+@njit(cache=True, inline="always")
+def _fen_add(tree, i, v):
+    n = len(tree) - 1
+    while i <= n:
+        tree[i] += v
+        i += i & (-i)
+
+
+@njit(cache=True, inline="always")
+def _fen_prefix(tree, i):
+    s = 0
+    while i > 0:
+        s += tree[i]
+        i &= i - 1
+    return s
+
+
+@njit(cache=True, inline="always")
+def _popcount(x):
+    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return np.int64((x * np.uint64(0x0101010101010101)) >> np.uint64(56))
+
+
+# The live push slots are a bitset; a Fenwick tree counts live slots per 64-slot word, so
+# the tree is 64 times smaller than the slot range and stays in cache.
+
+@njit(cache=True, inline="always")
+def _set_live(bits, tree, s):
+    w = s >> 6
+    bits[w] |= np.uint64(1) << np.uint64(s & 63)
+    _fen_add(tree, w + 1, 1)
+
+
+@njit(cache=True, inline="always")
+def _clear_live(bits, tree, s):
+    w = s >> 6
+    bits[w] &= ~(np.uint64(1) << np.uint64(s & 63))
+    _fen_add(tree, w + 1, -1)
+
+
+@njit(cache=True, inline="always")
+def _live_upto(bits, tree, s):
+    """Live slots <= s."""
+    w = s >> 6
+    sh = np.uint64(s & 63)
+    word = bits[w] & ((np.uint64(2) << sh) - np.uint64(1)) if sh < np.uint64(63) else bits[w]
+    return _fen_prefix(tree, w) + _popcount(word)
+
+
+@njit(cache=True, inline="always")
+def _probe(table, mask, key):
+    """Pair index of ``key`` in the open-addressing table (key, slot), or of its empty place."""
+    h = np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(20)) & mask
+    while table[2 * h + 1] != 0 and table[2 * h] != key:
+        h = (h + 1) & mask
+    return h
+
+
+@njit(cache=True)
+def stack_pass(keys, key_off, cap, phi, foot, measured, unit_w, last_w, ghost_phi, forward, dedup,
+               out_thr, out_w):
+    """Walk the requests once; write one (threshold, tokens) event per hittable seen unit.
+
+    Args:
+        keys: uint64 unit keys of every request, concatenated (prefix-chained: equal key means
+            equal prefix up to and including that unit).
+        key_off: int64 (n+1,) offsets of each request's units (all units it leaves cached).
+        cap: int64 (n,) leading units that may hit (the engine's lookup cap).
+        phi: int64 (n,) transient units held while the request runs, not kept after it.
+        foot: int64 (n,) peak units of the request; below that capacity it is rejected.
+        measured: bool (n,) whether the request's hits are counted.
+        unit_w: tokens credited per hit unit; last_w: int64 (n,) tokens of each request's
+            last unit (a partial block).
+        ghost_phi: transient units stay in the stack after the request (vLLM <= 0.23 frees
+            unhashed blocks to the queue tail).
+        forward: push a request's units first-to-last (plain LRU order) instead of tail first.
+        dedup: a unit past the lookup cap that is still cached is re-used (radix insert),
+            instead of written again as a second copy (vLLM, ``vllm_apc.md §3.3``).
+        out_thr, out_w: int64 outputs, at least ``cap.sum()`` long.
+
+    Returns:
+        The number of events written: unit j of request r counts ``w`` tokens at every
+        capacity (in units) >= ``thr``.
+    """
+    n = len(key_off) - 1
+    nslots = len(keys) + 1
+    if ghost_phi:
+        nslots += int(phi.sum())
+    bits = np.zeros((nslots >> 6) + 1, np.uint64)
+    tree = np.zeros((nslots >> 6) + 2, np.int32)
+    size = 16
+    while size < (3 * len(keys)) // 2 + 2:
+        size *= 2
+    mask = size - 1
+    # pairs (key, slot | request << 32): the key's current push slot (0 = empty) and the
+    # request that pushed it
+    table = np.zeros(2 * size, np.uint64)
+    probes = np.empty(max(1, int(cap.max()) if len(cap) else 1), np.int64)
+    # candidates for "the last request that put something new above slot s": (request, min old slot)
+    mst_i = np.empty(n + 1, np.int64)
+    mst_v = np.empty(n + 1, np.int64)
+    mtop = 0
+    # candidates for "max phi over the requests since i": (request, phi), phi strictly decreasing
+    pst_i = np.empty(n + 1, np.int64)
+    pst_v = np.empty(n + 1, np.int64)
+    ptop = 0
+    live = 0
+    nxt = 1
+    ne = 0
+    for r in range(n):
+        b = key_off[r]
+        m = key_off[r + 1] - b
+        c = cap[r]
+        dmax = 0
+        looked = 0  # units whose table place is known from the lookup (all found ones)
+        for j in range(c):
+            h = _probe(table, mask, keys[b + j])
+            probes[j] = h
+            v = table[2 * h + 1]
+            s = np.int64(v & _LOW)
+            if s == 0:
+                break  # never seen: a miss at every capacity, and so is everything after it
+            looked = j + 1
+            above = live - _live_upto(bits, tree, s)
+            lo = np.int64(v >> np.uint64(32)) + 1
+            extra = 0
+            if lo <= r - 1 and ptop > 0:
+                # latest request with min-old-slot < s (stack values increase bottom to top)
+                a, z = 0, mtop
+                while a < z:
+                    mid = (a + z) >> 1
+                    if mst_v[mid] < s:
+                        a = mid + 1
+                    else:
+                        z = mid
+                start = lo
+                if a > 0 and mst_i[a - 1] > start:
+                    start = mst_i[a - 1]
+                # max phi over requests start..r-1: first candidate with index >= start
+                a, z = 0, ptop
+                while a < z:
+                    mid = (a + z) >> 1
+                    if pst_i[mid] < start:
+                        a = mid + 1
+                    else:
+                        z = mid
+                if a < ptop:
+                    extra = pst_v[a]
+            d = above + 1 + extra
+            if d > dmax:
+                dmax = d
+            if measured[r]:
+                out_thr[ne] = dmax if dmax > foot[r] else foot[r]
+                out_w[ne] = last_w[r] if j == m - 1 else unit_w
+                ne += 1
+        # push the request's units on top
+        mr = NEVER
+        if ghost_phi and phi[r] > 0:
+            for _ in range(phi[r]):
+                _set_live(bits, tree, nxt)
+                nxt += 1
+                live += 1
+            mr = -1
+        for q in range(m):
+            j = q if forward else m - 1 - q
+            k = keys[b + j]
+            h = probes[j] if j < looked else _probe(table, mask, k)
+            old = np.int64(table[2 * h + 1] & _LOW)
+            if old != 0 and (j < c or dedup):
+                # looked up: a hit at capacities where it was cached (moved), else gone anyway
+                _clear_live(bits, tree, old)
+                live -= 1
+                if old < mr:
+                    mr = old
+            else:
+                # new, or past the lookup cap: a new copy; an old copy stays where it is
+                mr = -1
+                table[2 * h] = k
+            table[2 * h + 1] = np.uint64(nxt) | (np.uint64(r) << np.uint64(32))
+            _set_live(bits, tree, nxt)
+            nxt += 1
+            live += 1
+        if mr != NEVER:
+            while mtop > 0 and mst_v[mtop - 1] >= mr:
+                mtop -= 1
+            mst_i[mtop] = r
+            mst_v[mtop] = mr
+            mtop += 1
+        ph = 0 if ghost_phi else phi[r]
+        while ptop > 0 and pst_v[ptop - 1] <= ph:
+            ptop -= 1
+        pst_i[ptop] = r
+        pst_v[ptop] = ph
+        ptop += 1
+    return ne
