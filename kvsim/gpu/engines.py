@@ -13,6 +13,7 @@ import numpy as np
 
 from kvsim.cache.base import PrefixCache, Request
 from kvsim.errors import ConfigError
+from kvsim.gpu.block_tables import pages_from_block_table
 from kvsim.io.trace import Trace
 from kvsim.replay.options import SimOptions
 
@@ -24,8 +25,9 @@ class CacheModel:
     cache: PrefixCache
     page_size: int            # tokens per physical page of the pool
     num_pages: int            # pages in the pool (ids 0..num_pages-1 are valid)
-    token_slots: bool         # block tables list one slot per token (SGLang) instead of one page per block
-    running_table: Callable[[Request], np.ndarray | None]
+    token_slots: bool         # admission tables list one slot per token instead of one id per page
+    num_decodes: Callable[[Request], int]          # decode steps the replay runs after admission
+    running_pages: Callable[[Request, int], np.ndarray | None]  # page ids of a running request's first n tokens
 
 
 def _peak_tokens(trace: Trace) -> np.ndarray:
@@ -45,48 +47,44 @@ def build_apc(trace: Trace, options: SimOptions) -> CacheModel:
     num_blocks = slice_blocks if st.num_gpu_blocks is None else st.num_gpu_blocks
     cache = APCCache(num_blocks, b, st.hash_algo, st.profile.version, st.lora_paths)
 
-    def running_table(req: Request) -> np.ndarray | None:
-        fn = getattr(cache, "block_table", None)
-        if fn is not None:
-            return np.asarray(fn(req), np.int64)
-        seq = cache._seqs.get(req.request_id)  # NOTE: no public accessor yet (reported)
-        return None if seq is None else np.asarray(cache.manager.block_ids(seq), np.int64)
+    def running_pages(req: Request, n: int) -> np.ndarray | None:
+        seq = cache._seqs.get(req.request_id)  # NOTE: no public accessor for a running table yet
+        return None if seq is None else pages_from_block_table(cache.manager.block_ids(seq), b, n)
 
     # Block ids leave vLLM's free queue lowest first (it starts as 1..N-1 and freed blocks
     # go behind or in front of the untouched ones), so a slice never touches an id above
     # the blocks it takes in all: the pool can stop there even when the capacity is larger.
-    return CacheModel(cache, b, min(num_blocks, slice_blocks), False, running_table)
+    return CacheModel(cache, b, min(num_blocks, slice_blocks), False,
+                      lambda req: len(req.output) - 1, running_pages)
 
 
 def build_radix(trace: Trace, options: SimOptions) -> CacheModel:
-    """SGLang RadixAttention (the stepwise radix model); slot tables are per token."""
-    import importlib
+    """SGLang RadixAttention (:class:`kvsim.cache.radix_cache.RadixCacheModel`).
 
+    Admission tables hold one slot per token at page size 1 and page ids above it; a
+    running request's ``row`` (SGLang's ``req_to_token``) holds one slot per token.
+    Slot 0 / page 0 is SGLang's padding and never handed out.
+    """
+    from kvsim.cache.radix_cache import RadixCacheModel
     from kvsim.models import radix_max_total_tokens
 
-    mod = None
-    for name in ("kvsim.cache.radix", "kvsim.cache.radix_cache"):
-        if importlib.util.find_spec(name) is not None:
-            mod = importlib.import_module(name)
-            break
-    if mod is None:
-        raise ConfigError("the radix cache model is not available in this build")
-    cls = getattr(mod, "RadixCache", None) or getattr(mod, "RadixPrefixCache", None)
-    if cls is None:
-        raise ConfigError("the radix cache model has no stepwise RadixCache class")
     p = int(options.page_size)
-    slice_tokens = int(np.sum(-(-_peak_tokens(trace) // p) * p)) + p
-    tokens = radix_max_total_tokens(options)
-    total = slice_tokens if tokens is None else int(tokens)
-    cache = cls.from_options(options, max_total_tokens=total) if hasattr(cls, "from_options") else cls(total, p)
+    capacity = radix_max_total_tokens(options)
+    cache = RadixCacheModel(page_size=p, capacity=capacity, eviction_policy=options.eviction_policy)
+    # unlimited: slots are never reused, ids grow past every token the slice allocates
+    L = trace.prompt_lengths
+    slice_pages = int(np.sum(-(-(L + np.maximum(trace.output_lengths, 1)) // p) + 1)) + 1
+    num_pages = slice_pages if capacity is None else capacity // p + 1
 
-    def running_table(req: Request) -> np.ndarray | None:
-        fn = getattr(cache, "block_table", None)
-        return None if fn is None else np.asarray(fn(req), np.int64)
+    def running_pages(req: Request, n: int) -> np.ndarray | None:
+        state = cache.active.get(req.request_id)
+        return None if state is None else pages_from_block_table(state.row, p, n, token_slots=True)
 
-    # slot 0 is SGLang's padding slot; slots are 1..max_total_tokens
-    pages = (min(total, slice_tokens) + p) // p + 1
-    return CacheModel(cache, p, pages, True, running_table)
+    def num_decodes(req: Request) -> int:
+        state = cache.active.get(req.request_id)
+        return 0 if state is None else state.k - 1   # generation clipped to the pool (max_new)
+
+    return CacheModel(cache, p, num_pages, False, num_decodes, running_pages)
 
 
 BUILDERS: dict[str, Callable[[Trace, SimOptions], CacheModel]] = {"apc": build_apc, "radix": build_radix}

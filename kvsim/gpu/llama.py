@@ -106,6 +106,8 @@ class LlamaModel:
         c = self.config
         ids = self.token_ids(tokens)
         n = ids.shape[0]
+        if n == 0:
+            raise ValueError("prefill needs at least one new token (engines always recompute one)")
         first = start_pos if rope_offset is None else rope_offset
         cos, sin = self.rotary(torch.arange(first, first + n, device=self.device))
         q_out, kv_out = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim

@@ -243,17 +243,30 @@ def run_validation(trace: Trace, opts: ValidateOptions,
     """Validate the cache model's reuse on a real prefill for the first ``opts.requests`` requests."""
     import torch
 
-    from kvsim.cache.registry import get_replayer
-    from kvsim.gpu.engines import build_cache_model
-    from kvsim.gpu.llama import LlamaModel
-    from kvsim.gpu.paged_cache import SlotLedger
-    from kvsim.replay.requests import iter_requests
-
     if opts.requests < 1:
         raise ConfigError("--requests must be at least 1")
     trace.require_tokens("gpu-validate")
     cfg = get_config(opts.model)
     device, dtype, attention, repeats = _resolve(opts)
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(1)   # CPU timings: no thread oversubscription on shared machines
+    try:
+        return _run(trace, opts, cfg, device, dtype, attention, repeats, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(trace: Trace, opts: ValidateOptions, cfg: LlamaConfig, device, dtype, attention: str, repeats: int,
+         progress) -> ValidationResult:
+    import torch
+
+    from kvsim.cache.registry import get_replayer
+    from kvsim.gpu.engines import build_cache_model
+    from kvsim.gpu.llama import LlamaModel
+    from kvsim.gpu.block_tables import SlotLedger
+    from kvsim.replay.requests import iter_requests
+
     dtype_name = str(dtype).removeprefix("torch.")
     dtype_bytes = torch.tensor([], dtype=dtype).element_size()
     sl = trace.head(min(opts.requests, len(trace)))
@@ -351,12 +364,16 @@ def _progress(progress, i: int, n: int) -> None:
 
 
 def _pages(block_table, cm, num_tokens: int, req: Request) -> np.ndarray:
-    from kvsim.gpu.paged_cache import pages_from_block_table
+    from kvsim.gpu.block_tables import pages_from_block_table
 
     try:
         pages = pages_from_block_table(block_table, cm.page_size, num_tokens, cm.token_slots)
     except ValueError as e:
         raise KvsimError(f"request {req.request_id}: unusable block table from the cache model: {e}") from None
+    return _in_pool(pages, cm, req)
+
+
+def _in_pool(pages: np.ndarray, cm, req: Request) -> np.ndarray:
     if len(pages) and (pages.min() < 0 or pages.max() >= cm.num_pages):
         raise KvsimError(f"request {req.request_id}: cache model returned page {int(pages.max())} outside "
                          f"the pool of {cm.num_pages} pages")
@@ -429,23 +446,27 @@ def _time_kernel(chk: RequestCheck, model, pool, table, c: int, L: int, timer, r
 def _decode(cm, req: Request, model, pool, ledger, i: int, device, L: int) -> int:
     """Run the decode steps through the cache model and write the output tokens' K/V.
 
-    The engine computes outputs 0..M-2 (the last sampled token never is); their K/V lands
-    in the request's pages and may be reused by a later turn. Synthesized output ids
-    (negative: unknown outputs) match nothing, so K/V is written up to the first of them.
+    After ``d`` decode steps the engine has computed outputs ``0..d-1`` (the last sampled
+    token never is); their K/V lands in the request's pages, where a later turn may reuse
+    it. Synthesized output ids (negative: unknown outputs) match nothing, so K/V is written
+    up to the first of them.
     """
     import torch
 
-    m = len(req.output)
-    for _ in range(m - 1):
+    d = cm.num_decodes(req)
+    for _ in range(d):
         cm.cache.decode(req)
-    computed = np.asarray(req.output[: m - 1], np.int64)
+    computed = np.asarray(req.output[:d], np.int64)
     known = int(np.argmax(computed < 0)) if (computed < 0).any() else len(computed)
     if known == 0:
         return 0
-    table = cm.running_table(req)
-    if table is None:
+    try:
+        pages = cm.running_pages(req, L + known)
+    except ValueError as e:
+        raise KvsimError(f"request {req.request_id}: unusable running block table: {e}") from None
+    if pages is None:
         return 0
-    pages = _pages(table, cm, L + known, req)
+    _in_pool(pages, cm, req)
     t = torch.as_tensor(pages, dtype=torch.int32, device=device)
     model.prefill(computed[:known], L, pool, t)
     ledger.record(pages, L, computed[:known], i)
