@@ -78,7 +78,7 @@ def _rehash(keys, vals, new_keys, new_vals):
 
 
 def new_table(capacity: int) -> tuple[np.ndarray, np.ndarray]:
-    cap = 1 << max(10, int(capacity - 1).bit_length())
+    cap = 1 << max(4, int(capacity - 1).bit_length())
     return np.zeros(cap, np.uint64), np.zeros(cap, np.int64)
 
 
@@ -331,17 +331,27 @@ def find_anchor(tok, off, rows, pos, anchor, max_skip):
 
 
 @nb.njit(cache=True)
-def rotate_spans(tok, off, rows, lo, hi):
-    """In place: move tokens [lo, hi) of each request to the end of its prompt."""
+def rotate_spans(tok, off, rows, lo, hi, end):
+    """In place: move tokens [lo, hi) of each request to just before ``end`` (so the
+    tokens [hi, end) come first)."""
     for k in range(len(rows)):
         o = off[rows[k]]
-        end = off[rows[k] + 1]
         span = tok[o + lo[k]:o + hi[k]].copy()
-        n_after = end - (o + hi[k])
+        n_after = end[k] - hi[k]
         for t in range(n_after):
             tok[o + lo[k] + t] = tok[o + hi[k] + t]
         for t in range(len(span)):
-            tok[end - len(span) + t] = span[t]
+            tok[o + end[k] - len(span) + t] = span[t]
+
+
+@nb.njit(cache=True)
+def runs_against(tok, off, rows, at, ref_start, ref_end):
+    """Common run of each request from its position ``at`` with tok[ref_start:ref_end]."""
+    out = np.zeros(len(rows), np.int64)
+    for k in range(len(rows)):
+        i = rows[k]
+        out[k] = common_prefix(tok, off[i] + at[k], off[i + 1], tok, ref_start, ref_end)
+    return out
 
 
 @nb.njit(cache=True)

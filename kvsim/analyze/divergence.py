@@ -7,9 +7,10 @@ tokens in between are content that breaks an otherwise shared prefix: a date, a 
 id, a user name, a question placed before a shared document, a shuffled list.
 
 Requests that diverge at the same place (same prefix of the same length) form a *site*.
-For a site we move the divergent span of every prompt that has it to the end of that
-prompt and recompute the unlimited-cache bound: the gain is what moving that content
-after the stable part would recover.
+For a site we move the divergent span of every prompt that has it after the shared part
+that follows it (the stable part) and recompute the unlimited-cache bound: the gain is
+what moving that content after the stable part would recover. The same move fixes a
+popular document placed after retrieved ones, or an item inserted into a shared list.
 """
 from __future__ import annotations
 
@@ -124,17 +125,17 @@ def _kind(da: float, db: float, volatile_span: int) -> str:
 
 
 def site_members(index: PrefixIndex, tokens: np.ndarray, offsets: np.ndarray, site: dict[str, Any],
-                 window: int, max_skip: int) -> tuple[np.ndarray, np.ndarray]:
-    """Requests that hold the site's prefix and its anchor (the tokens where the shared
-    part resumes), with the position of that anchor in each."""
+                 window: int, max_skip: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The requests that hold the site's prefix and, within ``max_skip`` tokens after it,
+    its anchor (the tokens where the shared part resumes). Returns (rows, anchor position,
+    end of the shared part after the anchor) for those whose span is not empty."""
     G = index.block
     o, ref = site["offset"], site["ref"]
     q, e = divmod(o, G)
     lengths = index.lengths
     if q > 0:
         node = index.ids[index.blk_off[ref] + q - 1]
-        ok = index.prompt_blocks >= q
-        rows = np.flatnonzero(ok)
+        rows = np.flatnonzero(index.prompt_blocks >= q)
         rows = rows[index.ids[index.blk_off[rows] + q - 1] == node]
     else:
         rows = np.flatnonzero(index.root == index.root[ref])
@@ -145,46 +146,60 @@ def site_members(index: PrefixIndex, tokens: np.ndarray, offsets: np.ndarray, si
         rows = rows[(tokens[idx] == ref_part[None, :]).all(axis=1)]
     a0 = int(offsets[ref] + o + site["ref_span"])
     anchor = np.ascontiguousarray(tokens[a0:a0 + window])
+    empty = np.zeros(0, np.int64)
     if len(anchor) < window or len(rows) == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    at = K.find_anchor(tokens, offsets, rows.astype(np.int64), o, anchor, max_skip)
+        return empty, empty, empty
+    rows = rows.astype(np.int64)
+    at = K.find_anchor(tokens, offsets, rows, o, anchor, max_skip)
+    found = at >= 0
+    rows, at = rows[found], at[found]
+    # the shared part after the anchor: the run each prompt has in common with the
+    # reference's; the reference itself takes the longest run the others have
+    run = K.runs_against(tokens, offsets, rows, at, a0, int(offsets[ref + 1]))
+    others = rows != ref
+    if not others.any():
+        return empty, empty, empty
+    run[~others] = run[others].max()
     moved = at > o
-    return rows[moved], at[moved]
+    return rows[moved], at[moved], at[moved] + run[moved]
 
 
-def move_sites(tokens: np.ndarray, offsets: np.ndarray, moves: list[tuple[int, np.ndarray, np.ndarray]]) -> np.ndarray:
-    """A copy of the tokens with each (offset, rows, anchor) span moved to its prompt's end
-    (later offsets first, so earlier spans keep their positions)."""
+def move_sites(tokens: np.ndarray, offsets: np.ndarray,
+               moves: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]) -> np.ndarray:
+    """A copy of the tokens where, for each (offset, rows, anchor, end), the divergent span
+    [offset, anchor) of each row is moved after the shared part [anchor, end). Later
+    offsets go first, so earlier spans keep their positions."""
     out = tokens.copy()
-    for o, rows, at in sorted(moves, key=lambda m: -m[0]):
+    for o, rows, at, end in sorted(moves, key=lambda m: -m[0]):
         if len(rows):
-            K.rotate_spans(out, offsets, rows, np.full(len(rows), o, np.int64), at)
+            K.rotate_spans(out, offsets, rows, np.full(len(rows), o, np.int64), at, end)
     return out
 
 
 def volatile_content(index: PrefixIndex, trace: Trace, tokens: np.ndarray, opts: AnalyzeOptions,
                      rebound: Rebound, base: dict[str, Any], decode: Decoder | None = None,
-                     per_site: int = 3) -> dict[str, Any]:
-    """Section 4b: sites, where they are, and the bound with their content moved."""
+                     per_site: int = 5) -> dict[str, Any]:
+    """Section 4b: sites, where they are, and the bound with their divergent span moved.
+
+    The bound is recomputed for each of the first ``per_site`` sites alone, then for the
+    sites that gain, best first, together (a request moved for one site is left alone by
+    the next, so moves never undo each other)."""
     offsets = trace.offsets
     sites = find_sites(index, tokens, offsets, opts)
-    movable = [s for s in sites if s["kind"] != "insertion or reordering"][:opts.max_sites_moved]
-    moves = {}
-    for s in movable:
-        rows, at = site_members(index, tokens, offsets, s, opts.window, opts.max_skip)
-        moves[id(s)] = (s["offset"], rows, at)
-        s["requests_moved"] = int(len(rows))
     report_sites = []
+    gains = []
     for k, s in enumerate(sites[:opts.top]):
         item = {key: s[key] for key in ("offset", "kind", "requests_diverging", "median_span_tokens",
                                         "median_ref_span_tokens", "median_shared_after", "tokens_at_stake")}
         item["location"] = message_at(trace, s["ref"], s["offset"])
         item["source_request"] = trace.request_id(s["ref"])
         item["example_request"] = trace.request_id(int(s["rows"][0]))
-        item["requests_moved"] = s.get("requests_moved", 0)
-        if id(s) in moves and k < per_site and moves[id(s)][1].size:
-            moved = rebound(move_sites(tokens, offsets, [moves[id(s)]]))
-            item["moved_bound"] = _gain(moved, base)
+        if k < per_site:
+            move = (s["offset"], *site_members(index, tokens, offsets, s, opts.window, opts.max_skip))
+            item["requests_moved"] = int(len(move[1]))
+            if len(move[1]):
+                item["moved_bound"] = _gain(rebound(move_sites(tokens, offsets, [move])), base)
+                gains.append((item["moved_bound"]["token_gain_tokens"], move))
         if decode is not None:
             item["text"] = _site_text(tokens, offsets, s, decode)
         report_sites.append(item)
@@ -192,10 +207,16 @@ def volatile_content(index: PrefixIndex, trace: Trace, tokens: np.ndarray, opts:
                            "settings": {"max_skip": opts.max_skip, "window": opts.window, "min_run": opts.min_run,
                                         "volatile_span": opts.volatile_span,
                                         "min_site_requests": opts.min_site_requests}}
-    all_moves = [m for m in moves.values() if m[1].size]
-    if all_moves:
-        out["all_moved_bound"] = _gain(rebound(move_sites(tokens, offsets, all_moves)), base)
-        out["all_moved_sites"] = len(all_moves)
+    chosen, taken = [], np.zeros(len(trace), bool)
+    for gain, (o, rows, at, end) in sorted(gains, key=lambda g: -g[0]):
+        if gain <= 0:
+            continue
+        free = ~taken[rows]
+        taken[rows] = True
+        chosen.append((o, rows[free], at[free], end[free]))
+    if len(chosen) > 1:
+        out["all_moved_bound"] = _gain(rebound(move_sites(tokens, offsets, chosen)), base)
+        out["all_moved_sites"] = len(chosen)
     return out
 
 

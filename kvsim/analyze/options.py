@@ -18,12 +18,11 @@ class AnalyzeOptions:
     model: str | None = None         # model shape for GiB figures (kvsim.models)
     progress: bool = False           # progress bar on stderr for long inputs
     # divergence / volatile-content detection
-    max_skip: int = 256              # longest divergent span searched for re-convergence
+    max_skip: int = 1024             # longest divergent span searched for re-convergence
     window: int = 8                  # tokens that must match to call it re-converged
     min_run: int = 32                # shared tokens after the span for it to matter
     volatile_span: int = 32          # spans up to this long on both sides are "volatile values"
     min_site_requests: int = 2       # requests diverging at a site for it to be reported
-    max_sites_moved: int = 20        # sites moved together for the "all sites" bound
     # sessions / scheduling
     burst_seconds: float = 1.0       # reuse from a request this recent needs cache-aware scheduling
     heuristic_chars: int = 200       # the seed article's prefix length (characters)

@@ -91,10 +91,11 @@ def _changes(report: dict[str, Any], metric: str, engine: str, loss_tokens: int,
             where = s.get("location") or {}
             loc = (f"message {where['message']} ({where['role']})" if where.get("message") is not None
                    else "the prompt")
-            what = ("the volatile value" if s["kind"] == "volatile value" else "the divergent span")
+            what = {"volatile value": "the volatile value",
+                    "insertion or reordering": "the inserted or reordered content"}.get(s["kind"], "the divergent part")
             out.append({"change": f"move {what} at token {s['offset']} of {loc} (about "
                                   f"{s['median_span_tokens']:.0f} tokens, {s['requests_diverging']} requests) "
-                                  f"after the stable part", "tokens_saved": int(gain)})
+                                  f"after the shared part that follows it", "tokens_saved": int(gain)})
     sess = report.get("sessions") or {}
     if sess.get("tokens_lost"):
         out.append({"change": f"keep chat history verbatim (send back the previous prompt and reply token for "

@@ -57,7 +57,7 @@ def render_report(console: Console, data: dict[str, Any]) -> None:
 def _headline(d: dict[str, Any]) -> Panel:
     s = d["shape"]
     lines = [f"[bold]{num(s['requests'])}[/] requests, [bold]{human(s['prompt_tokens'])}[/] prompt tokens"
-             + (f", {num(s['sessions'])} sessions" if s["sessions"] else "")
+             + (f", {num(s['sessions'])} session{'s' if s['sessions'] != 1 else ''}" if s["sessions"] else "")
              + (f", hash ids of {s['hash_block_size']}-token blocks" if s["hash_block_size"] else "")]
     b = d.get("bound")
     if b is None:
@@ -153,12 +153,14 @@ def _prefixes(d: dict[str, Any]) -> Group | None:
     p = d.get("prefixes")
     if p is None:
         return None
+    spaces = any(r["namespace"] for r in p["top"])
     t = _table("Top shared prefixes (maximal: some sharer stops here)", "#", "prefix id", "tokens", "requests",
-               "sessions", "tokens saved", "ends in", "extends", right_from=2)
+               "sessions", "tokens saved", "ends in", "extends", *(["namespace"] if spaces else []), right_from=2)
     texts = []
     for r in p["top"]:
         t.add_row(str(r["rank"]), r["id"], num(r["length"]), num(r["requests"]), num(r["sessions"]),
-                  num(r["tokens_saved"]), _where(r["ends_in"]), "-" if r["extends"] is None else f"#{r['extends']}")
+                  num(r["tokens_saved"]), _where(r["ends_in"]), "-" if r["extends"] is None else f"#{r['extends']}",
+                  *([escape(r["namespace"] or "-")] if spaces else []))
         if "text" in r:
             texts.append(f"  #{r['rank']} {escape(r['text'])!r}")
     tr = p["tree"]
@@ -202,10 +204,10 @@ def _volatile(d: dict[str, Any]) -> Group | None:
     if v is None:
         return None
     if not v["sites"]:
-        return Group(Text("Volatile content", style="bold"),
+        return Group(Text("Content that breaks sharing", style="bold"),
                      Text("  none found: no place where requests that share a prefix differ briefly and then "
                           "share again", style="dim"))
-    t = _table("Volatile content: requests differ here, then share again", "#", "token", "where", "kind",
+    t = _table("Content that breaks sharing: requests differ here, then share again", "#", "token", "where", "kind",
                "requests", "span", "shared after", "if moved", right_from=4)
     t.columns[1].justify = "right"
     texts = []
@@ -221,10 +223,10 @@ def _volatile(d: dict[str, Any]) -> Group | None:
     if texts:
         parts.append(Text("\n".join(texts)))
     parts.append(Text("  span = median tokens that differ; 'if moved' = token-level upper bound with that span "
-                      "moved to the end of each prompt (gain in points)", style="dim"))
+                      "moved after the shared part that follows it (gain in points)", style="dim"))
     if v.get("all_moved_bound"):
         m = v["all_moved_bound"]
-        parts.append(Text(f"  moving the divergent span of {v['all_moved_sites']} site(s) to the end of each prompt: "
+        parts.append(Text(f"  moving the divergent spans of the {v['all_moved_sites']} sites that gain, together: "
                           f"token level {pct(d['bound']['token'])} -> {pct(m['token'])} "
                           f"(+{num(m['token_gain_tokens'])} tokens), APC block 16 {pct(d['bound']['block16'])} -> "
                           f"{pct(m['block16'])}", style="dim"))

@@ -31,6 +31,8 @@ from kvsim.io.trace import Trace
 
 G = 16  #: block granularity of level 1 (any finer block size is still exact: level 2 is per token)
 _CHUNK_TOKENS = 1 << 23  # tokens scanned per kernel call (progress updates)
+_INITIAL_NODES = 1 << 20  # first size of the level-1 table and node arrays (they grow as needed)
+_INITIAL_PARTIALS = 1 << 16  # first size of the level-2 table
 
 Progress = Callable[[int], None]  # called with the number of tokens just processed
 
@@ -128,8 +130,8 @@ def build_prefix_index(
     src1 = np.full(n, -1, np.int64)
 
     # level 1: full blocks
-    keys, vals = K.new_table(max(1024, 2 * min(total_blocks, 1 << 20)))
-    id_cap = max(1024, min(total_blocks, 1 << 20))
+    keys, vals = K.new_table(2 * max(8, min(total_blocks, _INITIAL_NODES)))
+    id_cap = max(8, min(total_blocks, _INITIAL_NODES))
     id_key = np.zeros(id_cap, np.uint64)
     id_first = np.zeros(id_cap, np.int64)
     id_parent = np.zeros(id_cap, np.int64)
@@ -156,7 +158,7 @@ def build_prefix_index(
     qp = k_blocks[has_query] > 0
     q_rows = np.flatnonzero(has_query)[qp]
     is_qparent[ids[blk_off[q_rows] + k_blocks[q_rows] - 1]] = True
-    keys, vals = K.new_table(1 << 16)
+    keys, vals = K.new_table(_INITIAL_PARTIALS)
     extra = np.zeros(n, np.int64)
     src2 = np.full(n, -1, np.int64)
     n_ent = 0

@@ -52,6 +52,12 @@ def session_continuity(trace: Trace, tokens: np.ndarray, opts: AnalyzeOptions) -
     common, hist, da, db, run = res.T
     lp = trace.prompt_lengths[prev]
     ln = trace.prompt_lengths[nxt]
+    B = trace.meta.hash_block_size
+    if B:
+        # hash-id traces: a last block that is partial in turn t is a different (longer)
+        # block in turn t+1, so only the previous prompt's full blocks can repeat
+        hist = lp // B * B
+        lp = hist
     verbatim = common >= np.minimum(hist, ln)
     brk = ~verbatim
     in_prompt = brk & (common < lp)
@@ -81,6 +87,8 @@ def session_continuity(trace: Trace, tokens: np.ndarray, opts: AnalyzeOptions) -
         "reply_edited": part(edited_reply),
         "median_break_position": float(np.median(common[brk])) if brk.any() else None,
     })
-    if not use_ext.any():
+    if B:
+        out["note"] = f"hash ids: only the previous prompt's full {B}-token blocks are checked"
+    elif not use_ext.any():
         out["note"] = "no logged reply ids: only the previous prompt is checked"
     return out
