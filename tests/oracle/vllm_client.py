@@ -43,7 +43,7 @@ def write_workload(trace: Trace, path: Path | str, lora_paths: dict[str, str] | 
     lora_paths = lora_paths or {}
     out, out_off = output_token_arrays(trace)
     names = {"lora": [[n, lora_paths.get(n, n)] for n in trace.lora_names], "salt": list(trace.salt_names)}
-    np.savez(path, prompt_tok=np.asarray(trace.tokens, np.int64), prompt_off=trace.offsets,
+    np.savez(path, prompt_tok=np.asarray(trace.tokens), prompt_off=trace.offsets,
              out_tok=out.astype(np.int64), out_off=out_off, plp=trace.prompt_logprobs.astype(bool),
              lora=trace.lora, salt=trace.cache_salt, names=np.array(json.dumps(names)))
     return Path(path)
