@@ -92,9 +92,10 @@ class CurveModel:
 
 
 def _cum_at(thr: np.ndarray, cum: np.ndarray, units: np.ndarray) -> np.ndarray:
+    if len(cum) == 0:
+        return np.zeros(len(units))
     idx = np.searchsorted(thr, units, side="right") - 1
-    out = np.where(idx >= 0, cum[np.maximum(idx, 0)], 0)
-    return out.astype(np.float64) if len(cum) else np.zeros(len(units))
+    return np.where(idx >= 0, cum[np.maximum(idx, 0)], 0).astype(np.float64)
 
 
 def _finish(policy: str, settings: dict[str, Any], unit_tokens: int, inputs: dict[str, Any],
