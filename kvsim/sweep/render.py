@@ -33,8 +33,10 @@ def render_sweep(console: Console, result: SweepResult) -> None:
     """One table row per combination, then one line per one-pass curve."""
     frame = result.frame
     has_curve = "curve_hit_rate" in frame.columns
-    table = Table(title="Sweep: token hit rate of exact replays (b = APC block, p = radix page); "
-                  "1-pass = one-pass curve, error = |1-pass - hit|, rej = rejected requests", title_justify="left")
+    title = "Sweep: token hit rate of exact replays (b = APC block, p = radix page); rej = rejected requests"
+    if has_curve:
+        title += "; 1-pass = one-pass curve, error = |1-pass - hit|"
+    table = Table(title=title, title_justify="left")
     table.add_column("policy", no_wrap=True)
     for name in ("cap", "usable", "hit"):
         table.add_column(name, justify="right", no_wrap=True)
