@@ -35,9 +35,12 @@ def mix64(x):
 
 
 @nb.njit(inline="always")
-def step(h, tok):
-    """Fold one token into a running content hash."""
-    return mix64((h ^ nb.uint64(nb.int64(tok))) * _GOLD + _K1)
+def step(h, tok, t):
+    """Add token ``tok`` at position ``t`` of a block to the block's content hash.
+
+    A sum of independently mixed (token, position) terms: no serial dependency between
+    tokens, so the CPU pipelines it (a sum, not a XOR, so equal terms do not cancel)."""
+    return h + mix64(nb.uint64(nb.int64(tok)) * _K1 + nb.uint64(t) * _GOLD + _K2)
 
 
 @nb.njit(inline="always")
@@ -132,10 +135,10 @@ def scan_blocks(tok, off, ext, eoff, root, G, start, stop, keys, vals, n_ids,
             if base + G <= L:
                 o = off[i] + base
                 for t in range(G):
-                    h = step(h, tok[o + t])
+                    h = step(h, tok[o + t], t)
             else:
                 for t in range(G):
-                    h = step(h, _tok(tok, off, ext, eoff, i, L, base + t))
+                    h = step(h, _tok(tok, off, ext, eoff, i, L, base + t), t)
             key = chain(parent, h)
             s = probe(keys, key)
             if keys[s] == key:
@@ -193,7 +196,7 @@ def scan_tokens(tok, off, ext, eoff, root, G, start, stop, keys, vals, n_ent,
             h = H0
             o = off[i] + k * G
             for t in range(min(G, L - k * G)):
-                h = step(h, tok[o + t])
+                h = step(h, tok[o + t], t)
                 pk = partial_key(parent, h, t)
                 s = probe(keys, pk)
                 if keys[s] != pk:
@@ -208,7 +211,7 @@ def scan_tokens(tok, off, ext, eoff, root, G, start, stop, keys, vals, n_ent,
             parent = root[i] if b == 0 else id_key[ids_flat[blk_off[i] + b - 1]]
             h = H0
             for t in range(min(G, S - b * G)):
-                h = step(h, _tok(tok, off, ext, eoff, i, L, b * G + t))
+                h = step(h, _tok(tok, off, ext, eoff, i, L, b * G + t), t)
                 pk = partial_key(parent, h, t)
                 s = probe(keys, pk)
                 if keys[s] != pk:
@@ -225,7 +228,7 @@ def span_hashes(tok, starts, lens):
     for i in range(len(starts)):
         h = H0
         for t in range(lens[i]):
-            h = step(h, tok[starts[i] + t])
+            h = step(h, tok[starts[i] + t], t)
         out[i] = mix64(h + nb.uint64(lens[i]))
     return out
 
@@ -257,7 +260,7 @@ def realign(a, a0, a1, b, b0, b1, max_skip, window):
     for j in range(nb_ + 1):
         h = H0
         for t in range(window):
-            h = step(h, b[b0 + j + t])
+            h = step(h, b[b0 + j + t], t)
         hb[j] = h
     order = np.argsort(hb, kind="mergesort")  # stable: equal hashes keep increasing db
     sh = hb[order]
@@ -267,7 +270,7 @@ def realign(a, a0, a1, b, b0, b1, max_skip, window):
             break
         h = H0
         for t in range(window):
-            h = step(h, a[a0 + da + t])
+            h = step(h, a[a0 + da + t], t)
         lo, hi = 0, nb_ + 1
         while lo < hi:
             mid = (lo + hi) // 2

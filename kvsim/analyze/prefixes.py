@@ -110,13 +110,16 @@ def top_shared_prefixes(index: PrefixIndex, trace: Trace, tokens: np.ndarray, to
     saved0 = (count[cand] - 1) * (depth[cand] + 1) * G
     # refine a few more than asked: the exact extension can reorder close candidates
     pool = cand[np.argsort(-saved0, kind="stable")[:3 * top]]
-    order = np.argsort(pid, kind="stable")
-    sorted_pid = pid[order]
-    req_of = np.repeat(np.arange(len(trace)), index.prompt_blocks)[order]
+    # members of the pool nodes only: one pass over the prompt blocks, then small sorts
+    hit = np.isin(pid, pool)
+    sub_pid = pid[hit]
+    sub_req = np.repeat(np.arange(len(trace)), index.prompt_blocks)[hit]
+    order = np.lexsort((sub_req, sub_pid))
+    sub_pid, sub_req = sub_pid[order], sub_req[order]
     rows = []
     for v in pool:
-        lo, hi = np.searchsorted(sorted_pid, [v, v + 1])
-        members = np.sort(req_of[lo:hi])
+        lo, hi = np.searchsorted(sub_pid, [v, v + 1])
+        members = sub_req[lo:hi]
         base = int((depth[v] + 1) * G)
         extra = _common_extension(tokens, trace.offsets, members, base, G)
         length = base + extra

@@ -31,7 +31,7 @@ from kvsim.io.trace import Trace
 
 G = 16  #: block granularity of level 1 (any finer block size is still exact: level 2 is per token)
 _CHUNK_TOKENS = 1 << 23  # tokens scanned per kernel call (progress updates)
-_INITIAL_NODES = 1 << 20  # first size of the level-1 table and node arrays (they grow as needed)
+_INITIAL_NODES = 1 << 23  # first size of the level-1 table and node arrays (they grow as needed)
 _INITIAL_PARTIALS = 1 << 16  # first size of the level-2 table
 
 Progress = Callable[[int], None]  # called with the number of tokens just processed
