@@ -408,6 +408,8 @@ class FastRadixEngine:
                 s = min(r, self.avail)
                 self.avail -= s
                 r -= s
+                if self.avail < self.min_avail:
+                    self.min_avail = self.avail
         else:
             r = steps
             while r > 0:
@@ -415,14 +417,14 @@ class FastRadixEngine:
                     self.evict(p - self.avail)
                 if c % p == 0:
                     self.avail -= p
+                    if self.avail < self.min_avail:
+                        self.min_avail = self.avail
                 c += 1
                 r -= 1
                 if r and self.avail >= p:
                     skip = min(r, (-c) % p)
                     c += skip
                     r -= skip
-        if self.avail < self.min_avail:
-            self.min_avail = self.avail
         return allocated + steps
 
     def _checkpoint(self, fill: np.ndarray, L: int, upto: int, ns, locked: FNode, protected: int,

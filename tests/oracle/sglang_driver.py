@@ -277,7 +277,27 @@ def replay(cfg: dict, w: dict) -> dict:
         out["evictable"].append(int(cache.evictable_size()))
     out["log_hit_tokens"] = hit_tokens
     out["log_input_tokens"] = input_tokens
+    out["paths"] = tree_paths(cache)
     return out
+
+
+def tree_paths(cache) -> list | None:
+    """Each node as the edge lengths from the root down to it (Python trees only)."""
+    if isinstance(cache, RadixCache):
+        root = cache.root_node
+    elif type(cache.tree_core).__name__ == "UnifiedTreeCore":
+        root = cache.tree_core.root_node
+    else:
+        return None   # the Rust core does not expose its nodes
+    paths = []
+
+    def walk(node, prefix):
+        for child in node.children.values():
+            path = prefix + [len(child.key)]
+            paths.append(path)
+            walk(child, path)
+    walk(root, [])
+    return sorted(paths)
 
 
 def _sample(req, outputs: list[int], stop_finish: bool) -> None:
