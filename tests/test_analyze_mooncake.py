@@ -1,5 +1,6 @@
 """Reproduce the Mooncake FAST'25 "cache ratio" (Table 2: conversation 40%, synthetic 66%)
-on the bundled copies of the released traces, and pin down which definition gives what."""
+on the bundled copies of the released traces, and pin down which definition gives what.
+(Run through the CLI: this is also the clean-report check for these two bundled traces.)"""
 from __future__ import annotations
 
 import json
@@ -7,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import kvsim
-from kvsim.analyze import analyze
+from kvsim.cli import run
 
 PUBLIC = Path(__file__).resolve().parents[1] / "traces" / "public"
 
@@ -39,15 +39,19 @@ def reference_ratios(path: Path) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("name, published", [("conversation_trace.jsonl", 0.40), ("synthetic_trace.jsonl", 0.66)])
-def test_mooncake_cache_ratio(name, published):
+def test_mooncake_cache_ratio(name, published, tmp_path, capsys):
     path = PUBLIC / name
-    report = analyze(kvsim.load_trace(path, format="mooncake"))
-    h = report.hash_native
+    out = tmp_path / "report.json"
+    assert run(["analyze", str(path), "--format", "mooncake", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "kvsim analyze:" in text and "Hash-id trace at its own 512-token blocks" in text
+    report = json.loads(out.read_text())
+    h = report["hash_native"]
     ref = reference_ratios(path)
     for key in ("token_weighted", "block_weighted", "request_weighted"):
         assert h[key] == pytest.approx(ref[key], abs=1e-12), key
     # 16-token APC blocks lose almost nothing on 512-token hash blocks
-    assert report.bound["block16"] == pytest.approx(h["token_weighted"], abs=1e-3)
+    assert report["bound"]["block16"] == pytest.approx(h["token_weighted"], abs=1e-3)
     if name.startswith("synthetic"):
         # the natural definition reproduces the paper within a point
         assert abs(h["token_weighted"] - published) < 0.01

@@ -85,6 +85,7 @@ def analyze(trace: Trace, options: AnalyzeOptions | None = None) -> AnalysisRepo
                                       progress=task(label, trace.num_prompt_tokens))
 
         main = index()
+        tick = task("statistics", 8) or (lambda n: None)
         reuse = main.reuse
         report.bound = bound_summary(reuse, lengths)
         report.upper_bound = upper_bounds(reuse, lengths, opts.block_sizes)
@@ -99,6 +100,7 @@ def analyze(trace: Trace, options: AnalyzeOptions | None = None) -> AnalysisRepo
             "system_prompts": system_prompts(trace, tokens),
             "tree": tree_summary(main),
         }
+        tick(1)
         report.divergence = {"histogram": divergence_histogram(reuse, lengths)}
         if is_hash:
             report.divergence["volatile"] = None
@@ -110,17 +112,21 @@ def analyze(trace: Trace, options: AnalyzeOptions | None = None) -> AnalysisRepo
 
             report.divergence["volatile"] = volatile_content(main, trace, tokens, opts, rebound, report.bound,
                                                              decode if opts.show_text else None)
+        tick(2)
         report.sessions = session_continuity(trace, tokens, opts)
         report.isolation = isolation_costs(
             trace, lambda salt, lora: bound_summary(index(salt, lora, label="isolation").reuse, lengths),
             report.bound)
+        tick(1)
         kv_bytes = _kv_bytes(opts.model)
         report.reuse_distance = reuse_distances(main, trace.num_prompt_tokens, trace.meta.hash_block_size, kv_bytes)
         if kv_bytes is not None:
             report.settings["kv_bytes_per_token"] = kv_bytes
+        tick(2)
         report.scheduling = burst_reuse(trace, main, opts.burst_seconds)
         report.heuristic = seed_heuristic(tokens, trace.offsets, opts.heuristic_chars, decode)
         report.recommendation = recommend(report.to_dict())
+        tick(2)
     return report
 
 

@@ -26,14 +26,15 @@ def seed_heuristic(tokens: np.ndarray, offsets: np.ndarray, chars: int = 200,
     """Section 8: the heuristic on decoded text, or on tokens when there is no text."""
     n = len(offsets) - 1
     if n == 0:
-        return {"share": 0.0, "method": "none", "why_misleading": WHY}
+        return {"share": 0.0, "method": "no requests", "chars": chars, "why_misleading": WHY}
     lens = np.diff(offsets)
     take = np.minimum(lens, chars if decode is not None else max(1, chars // CHARS_PER_TOKEN))
     h = K.span_hashes(tokens, offsets[:-1].astype(np.int64), take.astype(np.int64))
     uniq, first, inv = np.unique(h, return_index=True, return_inverse=True)
     if decode is None:
         share = float(np.bincount(inv).max() / n)
-        method = f"token proxy: first {int(take.max())} tokens (about {chars} characters; the trace holds no text)"
+        method = (f"token proxy: first {max(1, chars // CHARS_PER_TOKEN)} tokens (about {chars} characters; "
+                  "the trace holds no text)")
     else:
         # decode one prompt per distinct token opening (at least `chars` characters when
         # the tokenizer gives >= 1 character per token), then compare the text

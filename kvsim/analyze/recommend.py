@@ -52,12 +52,21 @@ def recommend(report: dict[str, Any]) -> dict[str, Any]:
         "stops_inside_block_share": hist.get("stops_inside_block_share"),
         "burst_reuse_share": burst_share if burst.get("known") else None,
         "burst_reuse_points": burst_points if burst.get("known") else None,
+        "chosen_size": size_row["block_size"],
         "chosen_size_bound": size_row["token_weighted_recompute"],
+        "chosen_size_loss_tokens": base["radix_tokens"] - size_row["hit_tokens_recompute"],
     }
+    prompts_only = ub.get("prompts_only")
+    if prompts_only is not None:
+        numbers["reply_reuse_points"] = 100.0 * (base["token"] - prompts_only["token"])
     reasons = [
         f"full 16-token blocks (APC) reach {100 * apc16:.1f}% of prompt tokens vs {100 * radix:.1f}% at token "
         f"granularity (RadixAttention, page 1): {loss_points:.1f} points ({loss_tokens:,} tokens) lost to partial blocks",
     ]
+    if size_row["block_size"] != 16:
+        reasons.append(f"at block size {size_row['block_size']} the bound is "
+                       f"{100 * size_row['token_weighted_recompute']:.1f}% "
+                       f"({numbers['chosen_size_loss_tokens']:,} tokens below token granularity)")
     if hist.get("requests_stopping_in_prompt"):
         reasons.append(f"{100 * hist['stops_inside_block_share']:.0f}% of the requests that stop matching do so "
                        f"inside a 16-token block")
@@ -65,6 +74,9 @@ def recommend(report: dict[str, Any]) -> dict[str, Any]:
         reasons.append(f"{100 * burst_share:.0f}% of reused tokens ({burst_points:.1f} points of prompt tokens) come "
                        f"from a request that arrived less than {burst['window_s']:g} s earlier"
                        + (": cache-aware scheduling (SGLang) can keep them" if burst_points >= BURST_POINTS else ""))
+    if prompts_only is not None and numbers["reply_reuse_points"] >= 0.05:
+        reasons.append(f"{numbers['reply_reuse_points']:.1f} points of the bound come from cached replies "
+                       "(multi-turn history; both engines keep generated tokens)")
     if engine == "APC":
         size = size_row["block_size"]
         size_text = f"block size {size}"
@@ -76,10 +88,12 @@ def recommend(report: dict[str, Any]) -> dict[str, Any]:
     else:
         size = size_row["block_size"]
         size_text = f"page size {size} (pages lose under {SIZE_TOLERANCE_POINTS:g} point here)"
+    if base["radix_tokens"] == 0:
+        engine, size, size_text = "none", None, "no prefix is ever reused here: a prefix cache saves nothing"
     metric = "token" if engine == "RadixAttention" else "block16"
     changes = _changes(report, metric, engine, loss_tokens, prompt)
-    return {"engine": engine, "size": size, "size_text": size_text, "reasons": reasons, "numbers": numbers, "changes": changes[:3],
-            "metric": "token-level" if metric == "token" else "APC block 16"}
+    return {"engine": engine, "size": size, "size_text": size_text, "reasons": reasons, "numbers": numbers,
+            "changes": changes[:3], "metric": "token-level" if metric == "token" else "APC block 16"}
 
 
 def _changes(report: dict[str, Any], metric: str, engine: str, loss_tokens: int, prompt: int) -> list[dict[str, Any]]:

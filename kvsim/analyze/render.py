@@ -71,7 +71,8 @@ def _headline(d: dict[str, Any]) -> Panel:
                          f"{pct(h['block_weighted'])} block-weighted, {pct(h['request_weighted'])} request-weighted")
         r = d.get("recommendation")
         if r:
-            lines.append(f"Recommendation: [bold]{r['engine']}[/], {escape(r['size_text'])}")
+            lines.append(f"Recommendation: [bold]{r['engine']}[/], {escape(r['size_text'])}" if r["engine"] != "none"
+                         else f"Recommendation: {escape(r['size_text'])}")
             if r["changes"]:
                 c = r["changes"][0]
                 lines.append(f"Biggest fix: {escape(c['change'])} (+{num(c['tokens_saved'])} tokens, "
@@ -275,6 +276,8 @@ def _reuse_distance(d: dict[str, Any]) -> Group | None:
     model = d["settings"].get("model")
     t = _table("LRU cache capacity for a share of the upper bound (from block reuse distances)",
                "block", "unit", "50%", "80%", "90%", "99%", right_from=2)
+    if not any(r["capacity"] for r in rd):
+        return Group(Text("LRU cache capacity", style="bold"), Text("  no block is ever reused", style="dim"))
     for r in rd:
         caps = {c["share_of_bound"]: c for c in r["capacity"]}
         t.add_row(str(r["block_size"]), "tokens", *(human(caps[x]["tokens"]) if x in caps else "-"
@@ -312,7 +315,8 @@ def _recommendation(d: dict[str, Any]) -> Panel | None:
     r = d.get("recommendation")
     if r is None:
         return None
-    lines = [f"[bold]{r['engine']}[/], {escape(r['size_text'])}"]
+    lines = [f"[bold]{r['engine']}[/], {escape(r['size_text'])}" if r["engine"] != "none"
+             else f"[bold]{escape(r['size_text'])}[/]"]
     lines += [f"  • {escape(x)}" for x in r["reasons"]]
     if r["changes"]:
         lines.append(f"Top changes, by prefill tokens saved ({r['metric']} upper bound):")
