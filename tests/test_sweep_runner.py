@@ -162,3 +162,16 @@ def test_length_only_traces_are_refused():
     tr.tokens = None
     with pytest.raises(KvsimError, match="prefix information"):
         run_sweep(tr, "apc", "inf")
+
+
+def test_sweep_both_policies_curves_only_for_lru():
+    tr = small_trace()
+    frame = run_sweep(tr, "apc,radix", "64,inf", block_sizes="4", page_sizes="1,4",
+                      eviction_policies="lru,lfu,fifo", jobs=2)
+    assert len(frame) == 2 + 2 * 3 * 2
+    radix = frame[frame["policy"] == "radix"]
+    assert radix["block_size"].isna().all()
+    lru = radix["eviction_policy"] == "lru"
+    assert radix.loc[lru, "curve_hit_rate"].notna().all()
+    # LFU is not LRU in 0.5.23 (hit counts grow on insert), so it gets no curve either
+    assert radix.loc[~lru, "curve_hit_rate"].isna().all()

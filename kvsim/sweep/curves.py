@@ -8,10 +8,11 @@ Three models share the stack pass of :mod:`kvsim.sweep.stack`:
   exceed the usable ones (``vllm_apc.md §2.2, §3.5, §4.1``). Exact — the same hits as the
   replay — at every capacity that rejects no request, unless a block-aligned prompt re-uses
   a block that also survives as an older duplicate (see ``stack.py``).
-- ``radix``: SGLang radix with LRU (or LFU, which is LRU in 0.5.23, ``sglang_radix.md
-  §5.3``), on page-sized units (16-token granules at page size 1). An approximation: the
-  tree evicts whole leaves, so it can free more than it needs; the error against exact
-  replays is reported with every sweep.
+- ``radix``: SGLang radix with LRU eviction, on page-sized units (16-token granules at
+  page size 1). An approximation: the tree evicts whole leaves, so it can free more than
+  it needs; the error against exact replays is reported with every sweep. (LFU is not
+  LRU-like in 0.5.23: a node's hit count grows with every insert through it, so the
+  kvsim radix model and SGLang order leaves differently from LRU; no curve for it.)
 - ``block-lru``: the "theoretical" model of hash-id studies (Mooncake FAST'25 Fig. 9): LRU
   over the trace's blocks, partial last block included and token-weighted, hits
   prefix-contiguous with no recompute cap, no transient footprint. Exact.
@@ -30,8 +31,8 @@ from kvsim.io.trace import Trace
 from kvsim.sweep.stack import NEVER, stack_pass
 
 CURVE_POLICIES = ("apc", "radix", "block-lru")
-#: radix eviction policies whose order is LRU's (LFU's hit count never moves in RadixCache)
-LRU_LIKE = ("lru", "lfu")
+#: radix eviction policies with a one-pass curve
+LRU_LIKE = ("lru",)
 #: tokens per unit of the radix model at page size 1
 RADIX_GRANULE = 16
 
@@ -40,9 +41,9 @@ RADIX_GRANULE = 16
 class CurveModel:
     """Hit rate as a step function of capacity, from one stack pass.
 
-    Capacities are counted in units of ``unit_tokens`` tokens (APC blocks, radix pages);
-    ``hits(U)`` is the sum of ``hit_w`` over events with threshold <= U and the
-    denominator the prompt tokens of the requests admitted at U.
+    Capacities are counted in units of ``unit_tokens`` tokens (APC blocks, radix pages):
+    hit tokens at U units are the events with threshold <= U; the denominator is the
+    prompt tokens of the requests admitted at that capacity (thresholds in tokens).
     """
 
     policy: str
@@ -50,7 +51,7 @@ class CurveModel:
     unit_tokens: int
     hit_thr: np.ndarray          # sorted thresholds (units)
     hit_cum: np.ndarray          # cumulative hit tokens up to each threshold
-    den_thr: np.ndarray          # sorted admission thresholds (units)
+    den_thr: np.ndarray          # sorted admission thresholds (tokens)
     den_cum: np.ndarray          # cumulative prompt tokens
     exactness: str               # where the model is exact
     elapsed_s: float = 0.0
@@ -59,15 +60,18 @@ class CurveModel:
     @property
     def saturation_units(self) -> int:
         """Past this many units the curve is flat (every hit and every request counted)."""
-        last = [int(a[-1]) for a in (self.hit_thr, self.den_thr) if len(a)]
+        last = [int(self.hit_thr[-1])] if len(self.hit_thr) else []
+        if len(self.den_thr):
+            last.append(-(-int(self.den_thr[-1]) // self.unit_tokens))
         return max(last + [1])
 
     def hits_at_units(self, units: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(hit tokens, admitted prompt tokens) at each capacity in units (inf = unlimited)."""
         u = np.asarray(units, np.float64)
-        hits = _cum_at(self.hit_thr, self.hit_cum, u)
-        den = _cum_at(self.den_thr, self.den_cum, u)
-        return hits, den
+        return self._at(u, u * self.unit_tokens)
+
+    def _at(self, units: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return _cum_at(self.hit_thr, self.hit_cum, units), _cum_at(self.den_thr, self.den_cum, tokens)
 
     def hit_rate_at_units(self, units: Sequence[float] | np.ndarray) -> np.ndarray:
         hits, den = self.hits_at_units(units)
@@ -80,7 +84,10 @@ class CurveModel:
 
     def hit_rate(self, capacity_tokens: Sequence[float | None] | np.ndarray) -> np.ndarray:
         """Token hit rate at usable KV capacities in tokens."""
-        return self.hit_rate_at_units(self.units_of(capacity_tokens))
+        units = self.units_of(capacity_tokens)
+        tokens = np.array([math.inf if c is None else float(c) for c in np.atleast_1d(capacity_tokens)])
+        hits, den = self._at(units, tokens)
+        return np.divide(hits, den, out=np.zeros(len(hits)), where=den > 0)
 
     def grid(self, points: int = 64, lo_tokens: float | None = None,
              hi_tokens: float | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -101,6 +108,11 @@ def _cum_at(thr: np.ndarray, cum: np.ndarray, units: np.ndarray) -> np.ndarray:
 def _finish(policy: str, settings: dict[str, Any], unit_tokens: int, inputs: dict[str, Any],
             prompt: np.ndarray, measured: np.ndarray, exactness: str, t0: float,
             dedup: bool = False) -> CurveModel:
+    """Run the stack pass and build the step functions.
+
+    ``inputs["foot"]`` (units) gates a request's hits; ``inputs["admit"]`` (tokens, default
+    ``foot * unit_tokens``) is the smallest capacity that admits it, for the denominator.
+    """
     cap = inputs["cap"]
     m = int(cap[measured].sum()) if len(cap) else 0
     out_thr = np.empty(max(m, 1), np.int64)
@@ -110,8 +122,11 @@ def _finish(policy: str, settings: dict[str, Any], unit_tokens: int, inputs: dic
                     bool(inputs.get("forward", False)), bool(dedup), out_thr, out_w)
     hit_thr, hit_cum = _step_function(out_thr[:ne], out_w[:ne])
     foot = inputs["foot"]
-    ok = measured & (foot < NEVER)
-    den_thr, den_cum = _step_function(foot[ok], prompt[ok])
+    admit = inputs.get("admit")
+    if admit is None:
+        admit = np.where(foot < NEVER, foot * unit_tokens, NEVER)
+    ok = measured & (admit < NEVER)
+    den_thr, den_cum = _step_function(admit[ok], prompt[ok])
     return CurveModel(policy, settings, unit_tokens, hit_thr, hit_cum, den_thr, den_cum, exactness,
                       time.perf_counter() - t0)
 
@@ -189,20 +204,36 @@ def apc_curve(trace: Trace, block_size: int = 16, engine_version: str | None = N
 
 def radix_curve(trace: Trace, page_size: int = 1, eviction_policy: str = "lru", granule: int | None = None,
                 warmup: float = 0.0) -> CurveModel:
-    """The radix hit-rate curve (LRU-like eviction only), on page-sized units."""
+    """The radix hit-rate curve (LRU-like eviction only), on page-sized units.
+
+    A request of L prompt tokens generating k keeps ``floor_page(L + k - 1)`` tokens in the
+    tree, hits at most ``floor_page(L - 1)`` (``sglang_radix.md §2.1, §3.3``), holds one
+    extra free page while its prefill allocates (page > 1, §5.5), and is admitted when
+    the pool holds ``ceil_page(L) + page + 1`` tokens. At page size 1 the units are
+    ``granule``-token blocks, so each hit is rounded down to a multiple of the granule.
+    """
     if eviction_policy.lower() not in LRU_LIKE:
         raise ConfigError(f"no one-pass curve for radix eviction policy {eviction_policy!r} "
                           f"(only {', '.join(LRU_LIKE)})")
     t0 = time.perf_counter()
     trace.require_tokens("a hit-rate curve")
-    unit = int(page_size) if page_size > 1 else int(granule or RADIX_GRANULE)
+    p = int(page_size)
+    unit = p if p > 1 else int(granule or RADIX_GRANULE)
     _, work = _chained_units(trace, unit, "fast", None)
-    read = np.ones(len(trace), bool)
-    inputs = _sequence_inputs(work, unit, read)
-    exactness = "approximate (whole-leaf eviction, page/granule rounding); see the measured error"
-    return _finish("radix", {"page_size": int(page_size), "eviction_policy": eviction_policy.lower(),
-                             "granule": unit}, unit, inputs, work.prompt_len,
-                   measured_mask(len(trace), warmup), exactness, t0, dedup=True)
+    inputs = _sequence_inputs(work, unit, np.ones(len(trace), bool))
+    L = work.prompt_len
+    kept = work.key_off[1:] - work.key_off[:-1]
+    peak = kept + inputs["phi"]
+    if p > 1:
+        peak = np.maximum(peak, -(-L // p) + 1)
+    inputs["phi"] = np.where(L > 0, peak - kept, 0)
+    admit = -(-L // p) * p + p + 1
+    inputs["admit"] = np.where(L > 0, admit, NEVER)
+    inputs["foot"] = np.where(L > 0, -(-admit // unit), NEVER)
+    exactness = ("approximate: whole-leaf eviction is not modelled"
+                 + (f"; hits rounded down to {unit}-token granules" if p == 1 else ""))
+    return _finish("radix", {"page_size": p, "eviction_policy": eviction_policy.lower(), "granule": unit},
+                   unit, inputs, L, measured_mask(len(trace), warmup), exactness, t0, dedup=True)
 
 
 def block_lru_curve(trace: Trace, block_size: int | None = None, warmup: float = 0.0,

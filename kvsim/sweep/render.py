@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvsim.io.trace import Trace
+from kvsim.sweep.curves import LRU_LIKE
 from kvsim.sweep.run import SweepResult
 
 
@@ -59,9 +60,9 @@ def render_sweep(console: Console, result: SweepResult) -> None:
         console.print(f"[bold]one-pass curve[/] {c.policy} ({what}): max |error| {c.max_abs_error:.4f}, "
                       f"mean {c.mean_abs_error:.4f} over {c.points} point(s), {c.seconds:.2f} s; "
                       f"[dim]{c.exactness}[/]")
-    skipped = [p for p in result.points if p.policy == "radix" and p.eviction_policy not in ("lru", "lfu")]
+    skipped = [p for p in result.points if p.policy == "radix" and p.eviction_policy not in LRU_LIKE]
     if skipped and has_curve:
-        console.print("[dim]No one-pass curve for radix eviction policies other than lru/lfu.[/]")
+        console.print(f"[dim]No one-pass curve for radix eviction policies other than {', '.join(LRU_LIKE)}.[/]")
     console.print(f"[dim]{len(frame)} combination(s) in {result.elapsed_s:.1f} s.[/]")
 
 

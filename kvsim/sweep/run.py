@@ -122,7 +122,7 @@ def _frame(points: list[SweepPoint], rows: list[dict[str, Any]]) -> pd.DataFrame
 
 
 def _curve_groups(points: list[SweepPoint]) -> dict[tuple, list[int]]:
-    """Rows that share one curve: APC per block size; radix per page size, LRU and LFU together."""
+    """Rows that share one curve: APC per block size; radix LRU per page size."""
     groups: dict[tuple, list[int]] = {}
     for i, p in enumerate(points):
         if p.policy == "apc":
@@ -155,8 +155,6 @@ def _curves(trace: Trace, points: list[SweepPoint], frame: pd.DataFrame, curve_p
         hi = max(float(finite.max()) if len(finite) else 0.0, model.saturation_units * model.unit_tokens)
         xs, ys = model.grid(curve_points, hi_tokens=hi)
         settings = dict(model.settings)
-        if policy == "radix":
-            settings["eviction_policies"] = sorted({points[i].eviction_policy for i in idx})
         out.append(CurveSeries(policy, settings, xs, ys, len(idx),
                                float(err.max()) if len(err) else None, float(err.mean()) if len(err) else None,
                                model.exactness, model.elapsed_s, model))
