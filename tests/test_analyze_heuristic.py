@@ -26,8 +26,7 @@ def test_same_answer_as_the_seed_on_decoded_text():
         texts.append(head + "".join(rng.choice(list("abcdef "), 50)))
     tokens = [[ord(c) for c in t] for t in texts]     # one token per character
     trace = Trace.from_prompts(tokens)
-    decode = lambda ids: "".join(chr(int(x)) for x in ids)  # noqa: E731
-    got = seed_heuristic(trace.tokens, trace.offsets, 200, decode)
+    got = seed_heuristic(trace.tokens, trace.offsets, 200, lambda ids: "".join(chr(int(x)) for x in ids))
     assert got["share"] == pytest.approx(measure_prefix_overlap(texts))
     assert got["method"].startswith("text")
 

@@ -30,7 +30,7 @@ def seed_heuristic(tokens: np.ndarray, offsets: np.ndarray, chars: int = 200,
     lens = np.diff(offsets)
     take = np.minimum(lens, chars if decode is not None else max(1, chars // CHARS_PER_TOKEN))
     h = K.span_hashes(tokens, offsets[:-1].astype(np.int64), take.astype(np.int64))
-    uniq, first, inv = np.unique(h, return_index=True, return_inverse=True)
+    _, first, inv = np.unique(h, return_index=True, return_inverse=True)
     if decode is None:
         share = float(np.bincount(inv).max() / n)
         method = (f"token proxy: first {max(1, chars // CHARS_PER_TOKEN)} tokens (about {chars} characters; "

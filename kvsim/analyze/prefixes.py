@@ -77,6 +77,7 @@ def tree_summary(index: PrefixIndex) -> dict[str, Any]:
     root_children = np.unique(roots, return_counts=True)[1] if len(roots) else np.zeros(0, np.int64)
     branching = live & (children >= 2)
     leaves = live & (children == 0)
+    fanout = np.concatenate([children[branching], root_children[root_children >= 2]])
     return {
         "granularity": G,
         "nodes": int(live.sum()),
@@ -85,9 +86,8 @@ def tree_summary(index: PrefixIndex) -> dict[str, Any]:
         "max_depth_tokens": int((depth[live].max() + 1) * G) if live.any() else 0,
         "mean_leaf_depth_tokens": float((depth[leaves] + 1).mean() * G) if leaves.any() else 0.0,
         "leaves": int(leaves.sum()),
-        "branching_nodes": int(branching.sum() + (root_children >= 2).sum()),
-        "mean_children_at_branch": float(np.concatenate([children[branching], root_children[root_children >= 2]]).mean())
-        if branching.any() or (root_children >= 2).any() else 0.0,
+        "branching_nodes": int(len(fanout)),
+        "mean_children_at_branch": float(fanout.mean()) if len(fanout) else 0.0,
         "max_children": int(max(children.max(initial=0), root_children.max(initial=0))),
     }
 

@@ -60,8 +60,9 @@ def recommend(report: dict[str, Any]) -> dict[str, Any]:
     if prompts_only is not None:
         numbers["reply_reuse_points"] = 100.0 * (base["token"] - prompts_only["token"])
     reasons = [
-        f"full 16-token blocks (APC) reach {100 * apc16:.1f}% of prompt tokens vs {100 * radix:.1f}% at token "
-        f"granularity (RadixAttention, page 1): {loss_points:.1f} points ({loss_tokens:,} tokens) lost to partial blocks",
+        (f"full 16-token blocks (APC) reach {100 * apc16:.1f}% of prompt tokens vs {100 * radix:.1f}% at token "
+         f"granularity (RadixAttention, page 1): {loss_points:.1f} points ({loss_tokens:,} tokens) lost to partial "
+         f"blocks"),
     ]
     if size_row["block_size"] != 16:
         reasons.append(f"at block size {size_row['block_size']} the bound is "
@@ -89,7 +90,9 @@ def recommend(report: dict[str, Any]) -> dict[str, Any]:
         size = size_row["block_size"]
         size_text = f"page size {size} (pages lose under {SIZE_TOLERANCE_POINTS:g} point here)"
     if base["radix_tokens"] == 0:
-        engine, size, size_text = "none", None, "no prefix is ever reused here: a prefix cache saves nothing"
+        engine, size = "none", None
+        size_text = ("no prompt prefix is reused as the log stands: a prefix cache saves nothing until the "
+                     "prompts change")
     metric = "token" if engine == "RadixAttention" else "block16"
     changes = _changes(report, metric, engine, loss_tokens, prompt)
     return {"engine": engine, "size": size, "size_text": size_text, "reasons": reasons, "numbers": numbers,

@@ -67,8 +67,9 @@ def _headline(d: dict[str, Any]) -> Panel:
                      f"[bold green]{pct(b['block16'])}[/] with APC 16-token blocks")
         h = d.get("hash_native")
         if h:
-            lines.append(f"At the trace's own {h['block_size']}-token blocks: {pct(h['token_weighted'])} token-weighted, "
-                         f"{pct(h['block_weighted'])} block-weighted, {pct(h['request_weighted'])} request-weighted")
+            lines.append(f"At the trace's own {h['block_size']}-token blocks: {pct(h['token_weighted'])} "
+                         f"token-weighted, {pct(h['block_weighted'])} block-weighted, "
+                         f"{pct(h['request_weighted'])} request-weighted")
         r = d.get("recommendation")
         if r:
             lines.append(f"Recommendation: [bold]{r['engine']}[/], {escape(r['size_text'])}" if r["engine"] != "none"
@@ -165,10 +166,11 @@ def _prefixes(d: dict[str, Any]) -> Group | None:
         if "text" in r:
             texts.append(f"  #{r['rank']} {escape(r['text'])!r}")
     tr = p["tree"]
-    lines = [f"  prefix tree at {tr['granularity']}-token blocks: {num(tr['nodes'])} nodes, "
-             f"{num(tr['distinct_first_blocks'])} distinct first blocks, depth up to {num(tr['max_depth_tokens'])} tokens "
-             f"(leaves {num(tr['mean_leaf_depth_tokens'])} on average), {num(tr['branching_nodes'])} branching nodes "
-             f"with {tr['mean_children_at_branch']:.1f} children on average (max {num(tr['max_children'])})"]
+    lines = [(f"  prefix tree at {tr['granularity']}-token blocks: {num(tr['nodes'])} nodes, "
+              f"{num(tr['distinct_first_blocks'])} distinct first blocks, depth up to "
+              f"{num(tr['max_depth_tokens'])} tokens (leaves {num(tr['mean_leaf_depth_tokens'])} on average), "
+              f"{num(tr['branching_nodes'])} branching nodes with {tr['mean_children_at_branch']:.1f} children on "
+              f"average (max {num(tr['max_children'])})")]
     sp = p.get("system_prompts")
     if sp is None:
         lines.append("  system prompts: unknown (no message structure in this trace)")

@@ -7,8 +7,17 @@ from typing import Annotated, Optional
 import typer
 
 from kvsim.cli.app import app, console
-from kvsim.cli.options import (FormatOpt, LimitOpt, LogPaths, OnErrorOpt, ShowTextOpt, TemplateOpt, TokenizerOpt,
-                               TraceBlockOpt, load_from_cli)
+from kvsim.cli.options import (
+    FormatOpt,
+    LimitOpt,
+    LogPaths,
+    OnErrorOpt,
+    ShowTextOpt,
+    TemplateOpt,
+    TokenizerOpt,
+    TraceBlockOpt,
+    load_from_cli,
+)
 
 _OUT = "Output"
 
@@ -40,7 +49,8 @@ def analyze(
     cost of cache salts and LoRA namespaces, the LRU capacity needed, and a
     recommendation (APC or RadixAttention, block size, top 3 changes).
     """
-    from kvsim.analyze import AnalyzeOptions, analyze as run_analysis
+    from kvsim.analyze import AnalyzeOptions
+    from kvsim.analyze import analyze as run_analysis
     from kvsim.analyze.options import parse_block_sizes
     from kvsim.analyze.render import render_report
     from kvsim.outputs import check_output_path
