@@ -52,6 +52,7 @@ def test_no_raw_text_without_show_text(tmp_path, capsys):
     data = json.loads(out_json.read_text())
     site = data["divergence"]["volatile"]["sites"][0]
     assert site["location"]["role"] == "system" and "Request ID" in site["text"]["span"]
+    assert site["moved_bound"]["token"] > data["bound"]["token"] + 0.5   # moving it recovers most of the log
     assert "Request ID" in shown and any("text" in p for p in data["prefixes"]["top"])
 
 
