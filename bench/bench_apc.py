@@ -35,11 +35,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "oracle"))
 
-import vllm_client  # noqa: E402
+import vllm_client
 
-from kvsim.io.trace import Trace  # noqa: E402
-from kvsim.replay.apc import replay_apc  # noqa: E402
-from kvsim.replay.options import SimOptions  # noqa: E402
+from kvsim.io.trace import Trace
+from kvsim.replay.apc import replay_apc
+from kvsim.replay.options import SimOptions
 
 MOONCAKE = ROOT / "traces" / "public" / "conversation_trace.jsonl"
 
@@ -156,7 +156,7 @@ def main() -> None:
         print(f"{r['workload']:<9} {r['requests']:>8,} {r['prompt_tokens']:>12,} {r['kvsim_s']:>8.2f} "
               + (f"{v:>8.1f} {k_rate:>12.1f} {r['prompt_tokens'] / v / 1e6:>11.2f} {v / r['kvsim_s']:>5.0f}x "
                  if v else f"{'-':>8} {k_rate:>12.1f} {'-':>11} {'-':>6} ")
-              + f"{r['hit_rate']:>6.1%} {str(r.get('same_results', '-')):>5}")
+              + f"{r['hit_rate']:>6.1%} {r.get('same_results', '-')!s:>5}")
     if args.json:
         args.json.write_text(json.dumps({"cpu": cpu, "jit_warmup_s": warmup, "rows": rows}, indent=2))
 

@@ -76,12 +76,16 @@ def test_extra_keys_order_and_scope():
     assert hashing.extra_keys(0, 5, None, "salt", [(0, 5, "hash1")]) == (("mm", "hash1", 0), ("cache_salt", "salt"))
 
 
+def _fresh(text: str) -> str:
+    return "".join(list(text))  # a new string object with the same value
+
+
 def test_extra_key_strings_are_distinct_objects_for_pickle():
     """pickle back-references a repeated string object; vLLM's decoded name and path are two objects."""
     name = "adapter"
     keys = hashing.extra_keys(0, 4, (name, name))
     assert keys[0][1] == keys[0][2] and keys[0][1] is not keys[0][2]
-    assert pickle.dumps(keys) == pickle.dumps((("lora", "adapter", "".join(["adap", "ter"])),))
+    assert pickle.dumps(keys) == pickle.dumps((("lora", "adapter", _fresh("adapter")),))
 
 
 def test_namespaces_change_every_block_hash():

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "oracle"))
-import vllm_client  # noqa: E402
-from vllm_workloads import Mix, random_trace  # noqa: E402
+import vllm_client
+from vllm_workloads import Mix, random_trace
 
-from kvsim.cache import hashing  # noqa: E402
-from kvsim.io.trace import Trace  # noqa: E402
-from kvsim.replay.apc import replay_apc_detailed  # noqa: E402
-from kvsim.replay.options import SimOptions  # noqa: E402
-from kvsim.replay.requests import output_token_arrays  # noqa: E402
+from kvsim.cache import hashing
+from kvsim.io.trace import Trace
+from kvsim.replay.apc import replay_apc_detailed
+from kvsim.replay.options import SimOptions
+from kvsim.replay.requests import output_token_arrays
 
 pytestmark = pytest.mark.oracle
 

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "oracle"))
-from vllm_workloads import Mix, random_trace  # noqa: E402
+from vllm_workloads import Mix, random_trace
 
-from kvsim.cache.apc_metrics import CachingMetrics, PrefixCacheStats, sequential_hit_rate_figures  # noqa: E402
-from kvsim.cache.registry import get_replayer  # noqa: E402
-from kvsim.errors import ConfigError, KvsimError  # noqa: E402
-from kvsim.io.trace import Trace  # noqa: E402
-from kvsim.replay.apc import replay_apc, replay_apc_detailed  # noqa: E402
-from kvsim.replay.options import SimOptions  # noqa: E402
+from kvsim.cache.apc_metrics import CachingMetrics, PrefixCacheStats, sequential_hit_rate_figures
+from kvsim.cache.registry import get_replayer
+from kvsim.errors import ConfigError, KvsimError
+from kvsim.io.trace import Trace
+from kvsim.replay.apc import replay_apc, replay_apc_detailed
+from kvsim.replay.options import SimOptions
 
 C48 = [0] * 16 + [1] * 16 + [2] * 16
 

@@ -125,7 +125,7 @@ def test_s5_hash_block_correct_reuse():
     r0 = seq("r0", range(16))
     assert ids(admit(m, r0)[2]) == [1] and m.pool.blocks[1].block_hash is not None
     m.free(r0)
-    hits, n, new = admit(m, seq("r1", range(15)))
+    _, n, new = admit(m, seq("r1", range(15)))
     assert (n, ids(new)) == (0, [1]) and m.pool.blocks[1].block_hash is None
 
 
@@ -145,7 +145,7 @@ def test_s7_prefix_caching_disabled():
     r1 = seq("r1", range(10), block_size=4)
     assert len(admit(m, r1)[2]) == 3
     m.free(r1)
-    hits, n, new = admit(m, seq("r2", range(16), block_size=4))
+    _, n, new = admit(m, seq("r2", range(16), block_size=4))
     assert n == 0 and len(new) == 4
     assert admit(m, seq("r3", range(4), block_size=4))[2] is None
 
@@ -208,7 +208,7 @@ def test_s12_reset_prefix_cache():
     m = manager(11)
     r0, r1 = seq("r0", C48 + [3] * 7), seq("r1", C48 + [4] * 7)
     assert ids(admit(m, r0)[2]) == [1, 2, 3, 4]
-    hits, n, new = admit(m, r1)
+    _, n, new = admit(m, r1)
     assert (n, ids(new)) == (48, [5])
     assert not m.reset_prefix_cache()
     m.free(r0)
@@ -269,7 +269,7 @@ def test_stats_recorded_at_admission_and_reset_flag():
     m = manager(11)
     r0, r1 = seq("r0", [101] * 17), seq("r1", [101] * 17)
     for r in (r0, r1):
-        hits, n, _ = admit(m, r)
+        _, n, _ = admit(m, r)
         m.record_prefix_cache_stats(r, n)
         m.free(r)
     plp = seq("r2", [101] * 17, skip_reading_prefix_cache=True)

@@ -9,8 +9,9 @@ the compiled engine (``apc_fast``); the real vLLM code is the oracle for both.
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence as Seq
 
 import numpy as np
 
@@ -60,7 +61,7 @@ class BlockHasher:
         """vLLM 0.33 hashes the adapter's name and path; a log has only the name (§1.3)."""
         return None if lora is None else (lora, self.lora_paths.get(lora, lora))
 
-    def extend(self, seq: "Sequence") -> None:
+    def extend(self, seq: Sequence) -> None:
         """Append the hashes of blocks that became full since the last call."""
         b, start = self.block_size, len(seq.block_hashes)
         n = len(seq.tokens) // b - start
@@ -178,9 +179,10 @@ class APCManager:
         hits = list(new_computed_blocks or [])
         computed = seq.num_computed_tokens + num_new_computed_tokens
         free = self.pool.num_free_blocks
-        if full_sequence_must_fit:  # 0.33 admission gate: the whole current sequence must fit (§4.4)
-            if self._num_blocks_to_allocate(seq, min(seq.num_tokens, self.max_model_len), hits) > free:
-                return None
+        # 0.33 admission gate: the whole current sequence must fit (§4.4)
+        if full_sequence_must_fit and \
+                self._num_blocks_to_allocate(seq, min(seq.num_tokens, self.max_model_len), hits) > free:
+            return None
         num_slots = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         if self._num_blocks_to_allocate(seq, num_slots, hits) > free:
             return None

@@ -19,8 +19,8 @@ sha256 digests numbered in order of first appearance).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 from numba import njit
@@ -260,10 +260,8 @@ def run_sequential(i0, i1, L, M, read, keys, key_off, B, N, unhashed_to_head,
                 st[ST_EMPTY] -= 1
             buf[j] = b
         used = N - 1 - st[ST_EMPTY]
-        if used > st[ST_PEAK_USED]:
-            st[ST_PEAK_USED] = used
-        if total > st[ST_PEAK_IN_USE]:
-            st[ST_PEAK_IN_USE] = total
+        st[ST_PEAK_USED] = max(st[ST_PEAK_USED], used)
+        st[ST_PEAK_IN_USE] = max(st[ST_PEAK_IN_USE], total)
         # 3. cache the blocks that became full; never the final token's block (§4.1)
         nfull = (Li + M[i] - 1) // B
         for j in range(h, nfull):
@@ -309,9 +307,14 @@ class FastRun:
 
 
 def replay_fast(work: FastWorkload, num_blocks: int, unhashed_to_head: bool = True,
-                progress: Callable[[int, int], None] | None = None, chunk: int = 1 << 16) -> FastRun:
-    """Replay a flattened workload sequentially in a pool of ``num_blocks`` (null block included)."""
+                progress: Callable[[int, int], None] | None = None, chunk: int | None = None) -> FastRun:
+    """Replay a flattened workload sequentially in a pool of ``num_blocks`` (null block included).
+
+    The compiled loop runs ``chunk`` requests per call (default: about 1/64 of the trace),
+    reporting ``progress(done, total)`` in between.
+    """
     n = len(work.prompt_len)
+    chunk = chunk or max(1024, n // 64)
     needed = work.blocks_needed
     fits = (work.prompt_len > 0) & (needed <= num_blocks - 1)
     max_req = int(needed[fits].max()) if fits.any() else 1

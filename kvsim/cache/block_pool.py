@@ -7,8 +7,8 @@ it (several blocks may share a hash: vLLM never de-duplicates).
 """
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Iterator
 
 _HEAD, _TAIL = -1, -2  # sentinels of the free queue
 

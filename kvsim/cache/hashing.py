@@ -21,7 +21,8 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from numba import njit

@@ -31,7 +31,7 @@ def oracle_python() -> Path | None:
         REASON = f"oracle interpreter {path} not found (run `make oracle`)"
         return None
     probe = subprocess.run([str(path), "-c", "import vllm.v1.core.kv_cache_manager"],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, check=False)
     if probe.returncode != 0:
         REASON = f"{path} cannot import vllm.v1.core.kv_cache_manager: {probe.stderr.strip()[-300:]}"
         return None
@@ -61,7 +61,7 @@ def run_jobs(jobs: list[dict[str, Any]], python: Path, timeout: float = 1800,
         spec = Path(tmp) / "jobs.json"
         spec.write_text(json.dumps(jobs))
         proc = subprocess.run([str(python), str(DRIVER), str(spec)], capture_output=True, text=True,
-                              timeout=timeout, env={**os.environ, **(env or {})})
+                              timeout=timeout, env={**os.environ, **(env or {})}, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"vLLM driver failed:\n{proc.stderr[-3000:]}")
         results = []

@@ -34,16 +34,16 @@ import warnings
 warnings.filterwarnings("ignore")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from vllm.lora.request import LoRARequest  # noqa: E402
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
-from vllm.v1.core import kv_cache_utils  # noqa: E402
-from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
-from vllm.v1.request import Request, RequestStatus  # noqa: E402
+import numpy as np
+import torch
+from vllm.lora.request import LoRARequest
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core import kv_cache_utils
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.request import Request, RequestStatus
 
 MAX_MODEL_LEN = 1 << 30
 
@@ -197,7 +197,8 @@ def run_job(job: dict) -> None:
 
 
 def main() -> None:
-    jobs = json.loads(open(sys.argv[1]).read())
+    with open(sys.argv[1]) as f:
+        jobs = json.load(f)
     for job in jobs:
         run_job(job)
 
