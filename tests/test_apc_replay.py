@@ -198,6 +198,7 @@ def test_vllm_hit_rate_window_follows_caching_metrics():
     ({"capacity_tokens": "lots"}, "capacity"),
     ({"hash_algo": "md5"}, "hash algorithm"),
     ({"engine_version": "0.7"}, "engine-version"),
+    ({"concurrency": 4}, "sequential"),
 ])
 def test_bad_configurations_are_config_errors(change, message):
     options = SimOptions(capacity_tokens=1000)

@@ -60,6 +60,8 @@ def apc_settings(options: SimOptions) -> APCSettings:
         raise ConfigError(f"invalid capacity: {e}") from None
     if num_blocks is not None and num_blocks < 1:
         raise ConfigError(f"capacity gives {num_blocks} KV blocks; vLLM needs at least the null block")
+    if getattr(options, "concurrency", 1) != 1:
+        raise ConfigError("the APC model replays sequentially only (--concurrency 1)")
     lora_paths = options.extra.get("lora_paths") or {}
     if not isinstance(lora_paths, dict):
         raise ConfigError("lora_paths must map adapter names to paths")
