@@ -53,3 +53,15 @@ def tree_report(tree: Any, top: int = 5) -> dict[str, Any]:
         "namespaces": len({getattr(c, "ns", None) for c in tree.root.children.values()}),
         "largest_shared": shared[:top],
     }
+
+
+def format_tree(tree: Any, max_nodes: int = 60) -> str:
+    """The tree as indented lines: edge length, requests sharing it, lock count (no tokens)."""
+    lines = ["root"]
+    for i, (node, depth) in enumerate(tree.nodes()):
+        if i == max_nodes:
+            lines.append("  ...")
+            break
+        lock = f", locked {node.lock_ref}" if node.lock_ref else ""
+        lines.append(f"{'  ' * depth}+- {len(node.key)} tokens, {node.requests} request(s){lock}")
+    return "\n".join(lines)

@@ -124,6 +124,12 @@ def replay_radix(trace: Trace, options: SimOptions, progress: Callable[[int], An
 
     ``progress(k)`` is called with the number of requests done since the last call.
     """
+    return replay_radix_detailed(trace, options, progress, engine)[0]
+
+
+def replay_radix_detailed(trace: Trace, options: SimOptions, progress: Callable[[int], Any] | None = None,
+                          engine: str = "fast") -> tuple[ReplayResult, Any]:
+    """:func:`replay_radix`, plus the tree at the end (``nodes()``, ``paths()``, ``root``)."""
     if engine not in ENGINES:
         raise ConfigError(f"unknown radix engine {engine!r}; choose one of {', '.join(ENGINES)}")
     settings = radix_settings(options)
@@ -172,7 +178,7 @@ def replay_radix(trace: Trace, options: SimOptions, progress: Callable[[int], An
     if progress is not None and n > done:
         progress(n - done)
     elapsed = time.perf_counter() - t0
-    peak = eng.peak_used if engine == "fast" else eng.peak_used
+    peak = eng.peak_used
     ok = ~rejected
     hit = int(cols["cached"][ok].sum())
     new = int(cols["extend"][ok].sum())
@@ -200,4 +206,4 @@ def replay_radix(trace: Trace, options: SimOptions, progress: Callable[[int], An
     return ReplayResult(
         policy="radix", config=config, cached_tokens=cols["cached"], rejected=rejected,
         read_cache=np.ones(n, bool), evictions=cols["ev_leaves"], evicted_tokens=cols["ev_tokens"],
-        capacity_tokens=settings.capacity, peak_used_tokens=int(peak), elapsed_s=elapsed, extra=extra)
+        capacity_tokens=settings.capacity, peak_used_tokens=int(peak), elapsed_s=elapsed, extra=extra), tree_of()

@@ -48,13 +48,25 @@ class Workload:
 
 def make_workload(seed: int, n: int, *, vocab: int = 64, sys_len=(8, 120), turn_len=(1, 60),
                   out_len=(1, 24), sessions: int = 12, p_continue: float = 0.65,
-                  loras: int = 2, salts: int = 2, p_ns: float = 0.3) -> Workload:
-    """Shared system prompts, multi-turn sessions, LoRA and salt namespaces, small vocab."""
+                  loras: int = 2, salts: int = 2, p_ns: float = 0.3, p_retry: float = 0.0) -> Workload:
+    """Shared system prompts, multi-turn sessions, LoRA and salt namespaces, small vocab.
+
+    With ``p_retry`` a request re-sends an earlier prompt, whole or cut short (a client
+    retrying or editing a turn), which exercises matches that end inside cached edges.
+    """
     rng = np.random.default_rng(seed)
     systems = [rng.integers(0, vocab, rng.integers(*sys_len)) for _ in range(4)]
     history: dict[int, tuple[np.ndarray, str | None, str | None]] = {}
     w = Workload([], [], [], [])
     for _ in range(n):
+        if w.prompts and rng.random() < p_retry:
+            j = int(rng.integers(len(w.prompts)))
+            cut = int(rng.integers(1, len(w.prompts[j]) + 1))
+            w.prompts.append(w.prompts[j][:cut].copy())
+            w.outputs.append(rng.integers(0, vocab, rng.integers(*out_len)).astype(np.int64))
+            w.loras.append(w.loras[j])
+            w.salts.append(w.salts[j])
+            continue
         s = int(rng.integers(0, sessions))
         turn = rng.integers(0, vocab, rng.integers(*turn_len))
         if s in history and rng.random() < p_continue:

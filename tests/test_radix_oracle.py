@@ -1,0 +1,184 @@
+"""Differential tests: kvsim's radix models against the REAL SGLang 0.5.23 code.
+
+One oracle subprocess (``tests/oracle/sglang_driver.py`` under ``.oracle-venv``) replays
+every workload below through the real trees with the real allocators, request pool,
+``Req``, ``SchedulePolicy``, ``PrefillAdder``, ``checkpoint_kv_cache`` and
+``release_kv_cache``, in the scheduler's call order for one request at a time. kvsim's
+fast engine and reference model replay the same requests; per request the cached tokens,
+the rejection, the evicted tokens and leaves, the allocator's free tokens and the tree's
+total and evictable sizes must all be equal, and so must the prefill log counters. For
+the Python trees (``RadixCache`` and the unified tree's Python core) the final tree
+shapes must be equal too (the Rust core does not expose its nodes).
+
+The reference for kvsim's default is the tree a default server builds:
+``UnifiedRadixCache`` with the Rust core (``tree="unified"``). 24 configurations x
+1,000 requests: page sizes 1, 16, 64; all eight eviction policies; both trees; overlap
+on and off; finish by length and by stop token; LoRA and cache-salt namespaces,
+multi-turn sessions, re-sent and truncated prompts; chunked prefill; capacities that
+force thousands of evictions.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvsim.cache.base import Request
+from kvsim.cache.radix_cache import RadixCacheModel, namespace
+from kvsim.cache.radix_fast import FastRadixEngine
+from tests.oracle.sglang_workloads import Workload, make_workload, run_oracle
+
+pytestmark = pytest.mark.oracle
+
+N = 1000
+TLRU = {"threshold": 200, "next_prompt_estimate": 30}
+WORKLOADS = {
+    # page 1: short chat turns, small vocabulary so prompts collide often
+    1: dict(seed=101, sys_len=(8, 120), turn_len=(1, 60), out_len=(1, 24), capacity=600, chunk=256),
+    16: dict(seed=116, sys_len=(30, 300), turn_len=(1, 120), out_len=(1, 40), capacity=2048, chunk=512),
+    64: dict(seed=164, sys_len=(60, 600), turn_len=(1, 240), out_len=(1, 40), capacity=6144, chunk=1024),
+}
+
+
+def _cfg(p, tree="unified", policy="lru", overlap=True, finish="length", **kw):
+    w = WORKLOADS[p]
+    return dict(tree=tree, page_size=p, eviction_policy=policy, capacity=w["capacity"], max_context_len=16384,
+                overlap=overlap, chunked_prefill_size=w["chunk"], finish=finish,
+                max_new_tokens=kw.get("max_new_tokens"),
+                eviction_policy_config=TLRU if policy == "tlru" else None)
+
+
+CONFIGS = (
+    [_cfg(1, policy=pol) for pol in ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru")]
+    + [_cfg(1, overlap=False, finish="stop"), _cfg(1, finish="stop", max_new_tokens=30),
+       _cfg(1, overlap=False), _cfg(1, tree="unified-python", policy="fifo")]
+    + [_cfg(1, tree="radix", policy=pol) for pol in ("lru", "fifo", "lfu")]
+    + [_cfg(16, policy=pol) for pol in ("lru", "fifo", "priority", "slru")]
+    + [_cfg(16, finish="stop"), _cfg(16, tree="radix", policy="mru")]
+    + [_cfg(64, policy="lru"), _cfg(64, policy="filo", overlap=False),
+       _cfg(64, tree="unified-python", policy="lru"), _cfg(64, tree="radix", policy="fifo")]
+)
+
+
+def _workload(p: int) -> Workload:
+    w = WORKLOADS[p]
+    return make_workload(w["seed"], N, sys_len=w["sys_len"], turn_len=w["turn_len"], out_len=w["out_len"],
+                         p_retry=0.08)
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory):
+    jobs = [(_workload(p), [c for c in CONFIGS if c["page_size"] == p]) for p in WORKLOADS]
+    results = run_oracle(jobs, tmp_path_factory.mktemp("sglang"))
+    return {(p, i): r for (p, (_, cfgs)), rs in zip(zip(WORKLOADS, jobs), results) for i, r in enumerate(rs)}
+
+
+def kvsim_kwargs(cfg: dict) -> dict:
+    return dict(page_size=cfg["page_size"], capacity=cfg["capacity"], eviction_policy=cfg["eviction_policy"],
+                flavor="classic" if cfg["tree"] == "radix" else "unified", overlap=cfg["overlap"],
+                chunked_prefill_size=cfg["chunked_prefill_size"], policy_config=cfg["eviction_policy_config"],
+                finish_mode=cfg["finish"], max_new_tokens=cfg["max_new_tokens"])
+
+
+def columns(real: dict) -> list[tuple]:
+    return list(zip(real["cached"], real["rejected"], real["evicted_tokens"], real["evicted_leaves"],
+                    real["available"], real["tree_total"], real["evictable"]))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"p{c['page_size']}-{c['tree']}-{c['eviction_policy']}-"
+                         f"{'ov' if c['overlap'] else 'noov'}-{c['finish']}")
+def test_fast_engine_matches_sglang(oracle, cfg):
+    p = cfg["page_size"]
+    real = oracle[(p, [c for c in CONFIGS if c["page_size"] == p].index(cfg))]
+    assert real["config"] == cfg
+    w = _workload(p)
+    eng = FastRadixEngine(**kvsim_kwargs(cfg))
+    got = []
+    for prompt, out, lora, salt in zip(w.prompts, w.outputs, w.loras, w.salts):
+        o = eng.serve(np.concatenate([prompt, out]).astype(np.int64), len(prompt), len(out), namespace(lora, salt))
+        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evicted_leaves, eng.avail,
+                    eng.total_size, eng.evictable))
+    expected = columns(real)
+    first_bad = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), None)
+    assert first_bad is None, f"request {first_bad}: kvsim {got[first_bad]} != sglang {expected[first_bad]}"
+    assert (eng.log_hit, eng.log_input) == (real["log_hit_tokens"], real["log_input_tokens"])
+    assert sum(r[2] for r in expected) > 20 * cfg["capacity"], "the capacity should force many evictions"
+    assert sum(r[0] for r in expected) > 0
+    if real["paths"] is not None:
+        assert [tuple(x) for x in real["paths"]] == eng.paths()
+
+
+@pytest.mark.parametrize("cfg", [c for c in CONFIGS if c["page_size"] == 1][:4] + [CONFIGS[-2]],
+                         ids=lambda c: f"p{c['page_size']}-{c['tree']}-{c['eviction_policy']}")
+def test_reference_model_matches_sglang(oracle, cfg):
+    """The readable model too (a few configurations; it is slow)."""
+    p = cfg["page_size"]
+    real = oracle[(p, [c for c in CONFIGS if c["page_size"] == p].index(cfg))]
+    w = _workload(p)
+    m = RadixCacheModel(**kvsim_kwargs(cfg))
+    got = []
+    for i, (prompt, out, lora, salt) in enumerate(zip(w.prompts, w.outputs, w.loras, w.salts)):
+        o = m.serve(Request(str(i), prompt, out, lora=lora, cache_salt=salt))
+        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evicted_leaves, int(m.available()),
+                    m.tree.total_size, m.tree.evictable_size))
+    assert got == columns(real)
+    if real["paths"] is not None:
+        assert [tuple(x) for x in real["paths"]] == m.tree.paths()
+
+
+def test_spec_scenarios_on_the_real_flow(tmp_path):
+    """§9 scenarios 16-19, 25 and 26 through the real scheduler flow, both trees."""
+    P = list(range(1, 11))
+    A, B = list(range(1000, 1100)), list(range(2000, 2120))
+    OA, OB = list(range(3000, 3010)), list(range(4000, 4010))
+
+    def W(reqs):
+        return Workload([np.array(p) for p, _ in reqs], [np.array(o) for _, o in reqs], [None] * len(reqs),
+                        [None] * len(reqs))
+
+    def cfg(**kw):
+        base = dict(tree="unified", page_size=1, eviction_policy="lru", capacity=100_000, max_context_len=4096,
+                    overlap=True, chunked_prefill_size=4096, finish="length", max_new_tokens=None,
+                    eviction_policy_config=None)
+        return {**base, **kw}
+
+    trees = ("unified", "unified-python", "radix")
+    rounds = [(A, OA), (B, OB), (A + OA + list(range(5000, 5050)), [1]), (B + OB + list(range(6000, 6030)), [1])]
+    jobs = [
+        (W([(P, [77, 78, 79, 80, 81]), (P, [5]), (P + [77, 78, 79, 80, 81, 90, 91, 92], [6])]),
+         [cfg(tree=t) for t in trees]),                                                     # 16
+        (W([(P, [77, 78, 79]), (P, [55, 56, 57])]), [cfg(tree=t) for t in trees]),           # 17
+        (W([(P, [77, 78, 79, 80, 81]), (P + [77, 78, 79, 80, 81, 90, 91], [1])]),
+         [cfg(tree=t, page_size=4) for t in trees]),                                         # 18
+        (W([(P, [1])]), [cfg(tree=t, chunked_prefill_size=4) for t in trees]),              # 19
+        (W(rounds), [cfg(tree=t, overlap=ov, finish=f) for t in ("unified", "radix")
+                     for ov in (False, True) for f in ("length", "stop")]),                   # 25
+        (W([([1, 2, 3], [9]), ([4, 5, 6], [9]), ([7, 8, 9], [9]), ([10, 11, 12, 13, 14], [9])]),
+         [cfg(tree=t, capacity=13) for t in trees]),                                         # 26
+    ]
+    res = run_oracle(jobs, tmp_path)
+    for r in res[0]:
+        assert r["cached"] == [0, 9, 14]
+    for r in res[1]:
+        assert r["cached"] == [0, 9] and r["tree_total"][-1] == 14
+        assert r["paths"] in (None, [[9], [9, 1], [9, 1, 2], [9, 1, 2]])
+    for r in res[2]:
+        assert r["cached"] == [0, 12]
+    for r in res[3]:
+        assert r["cached"] == [0] and r["log_input_tokens"] == 10
+        assert r["paths"] in (None, [[4], [4, 4], [4, 4, 2]])
+    for r in res[4]:
+        c = r["config"]
+        expect = [110, 130] if (c["overlap"] and c["finish"] == "stop") else [109, 129]
+        assert r["cached"][2:] == expect
+    for r in res[5]:
+        assert r["evicted_tokens"] == [0, 0, 0, 3] and r["evicted_leaves"] == [0, 0, 0, 1]
+    # and kvsim agrees on every one of them
+    for (w, cfgs), rs in zip(jobs, res):
+        for c, r in zip(cfgs, rs):
+            eng = FastRadixEngine(**kvsim_kwargs(c))
+            outs = [eng.serve(np.concatenate([p, o]).astype(np.int64), len(p), len(o), None)
+                    for p, o in zip(w.prompts, w.outputs)]
+            assert [o.cached_tokens for o in outs] == r["cached"]
+            assert [o.evicted_tokens for o in outs] == r["evicted_tokens"]
+            if r["paths"] is not None:
+                assert [tuple(x) for x in r["paths"]] == eng.paths()
