@@ -94,3 +94,14 @@ def test_capacity_cli_prints_both_engines_and_fails_cleanly(capsys):
     assert run(["capacity", "--model", "no-such-model"]) == 2
     err = capsys.readouterr().err
     assert "unknown model" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("kwargs", [dict(capacity_tokens="abc"), dict(block_size="x"), dict(num_gpu_blocks="z"),
+                                    dict(block_size=16.5)])
+def test_non_numeric_options_are_config_errors(kwargs):
+    with pytest.raises(ConfigError, match="number"):
+        SimOptions(**kwargs)
+
+
+def test_numeric_strings_are_accepted():
+    assert SimOptions(capacity_tokens="1e5", block_size="32").block_size == 32

@@ -36,6 +36,7 @@ class SimOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._coerce()
         if self.block_size is None or int(self.block_size) < 1:
             raise ConfigError(f"block size must be a positive integer, got {self.block_size!r}")
         if self.page_size is None or int(self.page_size) < 1:
@@ -50,6 +51,24 @@ class SimOptions:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {v!r}")
         if self.concurrency != 1:
             raise ConfigError("only sequential replay (--concurrency 1) is implemented so far")
+
+    def _coerce(self) -> None:
+        """Turn numeric strings into numbers; anything else is a one-line ConfigError."""
+        for name, kind in (("block_size", int), ("page_size", int), ("num_gpu_blocks", int),
+                           ("max_total_tokens", int), ("kv_cache_memory", int), ("concurrency", int),
+                           ("capacity_tokens", float), ("gpu_memory_utilization", float),
+                           ("mem_fraction_static", float)):
+            value = getattr(self, name)
+            if value is None or isinstance(value, bool):
+                continue
+            try:
+                number = kind(float(value)) if kind is int else float(value)
+                if kind is int and float(value) != number:
+                    raise ValueError
+            except (TypeError, ValueError, OverflowError):
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} must be a {'whole ' if kind is int else ''}number, got {value!r}") from None
+            setattr(self, name, number)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
