@@ -86,20 +86,48 @@ def render_simulation(console: Console, trace: Trace, runs: dict[str, ReplayResu
                       "memory left for KV with a profiling pass at start-up.[/]")
     if trace.meta.skipped_lines:
         console.print(f"[yellow]{trace.meta.skipped_lines} bad input line(s) skipped[/]")
+    _render_breakdowns(console, trace, runs)
     for name, r in runs.items():
-        for column, frame in breakdowns(r, trace).items():
-            t = Table(title=f"{name}: by {column}", title_justify="left")
-            t.add_column(column)
-            for c in frame.columns:
-                t.add_column(c.replace("_", " "), justify="right")
-            for group, row in frame.iterrows():
-                t.add_row(str(group), *[f"{v:.2%}" if c == "token_hit_rate" else f"{int(v):,}"
-                                        for c, v in row.items()])
-            console.print(t)
         tree = r.extra.get("tree")
         if isinstance(tree, dict):
             console.print(f"[bold]{name} tree at the end:[/] " + ", ".join(
                 f"{k.replace('_', ' ')} {v:,}" for k, v in tree.items() if isinstance(v, int)))
+
+
+def _render_breakdowns(console: Console, trace: Trace, runs: dict[str, ReplayResult]) -> None:
+    """One table per grouping (tenant, salt, adapter), policies side by side."""
+    import numpy as np
+
+    shown: list[np.ndarray] = []
+    per_policy = {name: breakdowns(r, trace) for name, r in runs.items()}
+    for column in ("tenant", "cache_salt", "lora"):
+        frames = {name: b[column] for name, b in per_policy.items() if column in b}
+        if not frames:
+            continue
+        codes = getattr(trace, column)
+        if any(_same_grouping(codes, other) for other in shown):
+            continue  # e.g. one salt per tenant: the table would repeat the tenant table
+        shown.append(codes)
+        first = next(iter(frames.values()))
+        t = Table(title=f"By {column.replace('_', ' ')}", title_justify="left")
+        t.add_column(column, overflow="fold")
+        t.add_column("requests", justify="right")
+        t.add_column("prompt tokens", justify="right")
+        for name in frames:
+            t.add_column(f"{name} hit rate", justify="right")
+        for group in first.index:
+            t.add_row(str(group), f"{int(first.loc[group, 'requests']):,}",
+                      f"{int(first.loc[group, 'prompt_tokens']):,}",
+                      *[f"{f.loc[group, 'token_hit_rate']:.2%}" for f in frames.values()])
+        console.print(t)
+
+
+def _same_grouping(a, b) -> bool:
+    """True when two code columns split the requests into exactly the same groups."""
+    import numpy as np
+
+    pairs = np.unique(np.stack([a, b]), axis=1)
+    return len(pairs[0]) == len(np.unique(a)) == len(np.unique(b))
 
 
 def _policy_label(name: str, r: ReplayResult) -> str:
