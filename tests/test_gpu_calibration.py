@@ -2,6 +2,7 @@
 peaks, block tables and the slot ledger."""
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -80,7 +81,7 @@ def test_reuse_saves_flops_and_bytes_monotonically():
     """More cached tokens of the same prompt: fewer FLOPs, and the 8B full prefill of 4k tokens is ~66 TFLOP."""
     cfg = CONFIGS["llama-3-8b-shape"]
     f = [roofline.prefill_flops(cfg, 4096 - c, c) for c in (0, 1024, 2048, 4095)]
-    assert all(a > b for a, b in zip(f, f[1:]))
+    assert all(a > b for a, b in itertools.pairwise(f))
     assert 6.0e13 < f[0] < 7.0e13
     b = [roofline.prefill_bytes(cfg, 4096 - c, c, 2) for c in (0, 2048)]
     assert b[0] > b[1]

@@ -12,9 +12,13 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 torch = pytest.importorskip("torch", reason="gpu extra not installed (pip install 'kvsim[gpu]')")
 pytest.importorskip("triton", reason="gpu extra not installed (pip install 'kvsim[gpu]')")
 
-from kvsim.gpu import kernels  # noqa: E402
-from kvsim.gpu.reference import (dense_causal_attention, gather_kv, prefill_attention_ref,  # noqa: E402
-                                 write_kv_ref)
+from kvsim.gpu import kernels
+from kvsim.gpu.reference import (
+    dense_causal_attention,
+    gather_kv,
+    prefill_attention_ref,
+    write_kv_ref,
+)
 
 if not kernels.interpreting():
     pytest.skip("triton was imported before TRITON_INTERPRET=1 was set; run this file on its own",

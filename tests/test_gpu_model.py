@@ -9,9 +9,9 @@ import pytest
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (kernels on CPU tensors)
 torch = pytest.importorskip("torch", reason="gpu extra not installed (pip install 'kvsim[gpu]')")
 
-from kvsim.gpu.configs import CONFIGS, get_config  # noqa: E402
-from kvsim.gpu.llama import LlamaModel  # noqa: E402
-from kvsim.gpu.validate import TOLERANCE, rel_err  # noqa: E402
+from kvsim.gpu.configs import CONFIGS, get_config
+from kvsim.gpu.llama import LlamaModel
+from kvsim.gpu.validate import TOLERANCE, rel_err
 
 
 def prefill_pair(model: LlamaModel, tokens: np.ndarray, cached: int, page: int, rope_offset=None):
@@ -47,7 +47,7 @@ def test_reuse_equals_full_prefill_bf16():
     tokens = np.random.default_rng(5).integers(0, 100_000, 120)
     reuse, full, (k, v), (kf, vf) = prefill_pair(model, tokens, 64, 16)
     assert rel_err(reuse, full) < TOLERANCE["bfloat16"]
-    assert rel_err(k, kf) < TOLERANCE["bfloat16"]
+    assert rel_err(k, kf) < TOLERANCE["bfloat16"] and rel_err(v, vf) < TOLERANCE["bfloat16"]
 
 
 def test_rope_positions_start_after_the_prefix():

@@ -10,13 +10,13 @@ import pytest
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (kernels on CPU tensors)
 torch = pytest.importorskip("torch", reason="gpu extra not installed (pip install 'kvsim[gpu]')")
 
-from kvsim.cache.base import Admission  # noqa: E402
-from kvsim.cache.registry import policy_names  # noqa: E402
-from kvsim.gpu import engines  # noqa: E402
-from kvsim.gpu.calibration import Calibration  # noqa: E402
-from kvsim.gpu.validate import ValidateOptions, run_validation  # noqa: E402
-from kvsim.io.trace import Trace  # noqa: E402
-from kvsim.replay.options import SimOptions  # noqa: E402
+from kvsim.cache.base import Admission
+from kvsim.cache.registry import policy_names
+from kvsim.gpu import engines
+from kvsim.gpu.calibration import Calibration
+from kvsim.gpu.validate import ValidateOptions, run_validation
+from kvsim.io.trace import Trace
+from kvsim.replay.options import SimOptions
 
 BUNDLED = Path(__file__).resolve().parents[1] / "traces" / "support_chat.jsonl"
 
@@ -120,12 +120,15 @@ def test_overclaimed_cached_tokens_are_caught(monkeypatch):
 @pytest.mark.skipif("radix" not in policy_names(), reason="the radix replay (kvsim.replay.radix) is not in this build")
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_radix_reuse_equals_full_prefill(page_size):
-    """SGLang radix slot tables (token level at page 1, pages above) drive the pool correctly."""
+    """SGLang radix slot tables (token level at page 1, pages above) drive the pool correctly,
+    also when a small pool evicts leaves and hands their slots out again."""
     trace = chat_trace(seed=3)
-    result = validate(trace, "radix", page_size=page_size)
-    assert result.ok, [c.problem for c in result.checks if c.problem]
-    assert all(c.cached_tokens == c.predicted_cached for c in result.checks)
-    assert sum(c.cached_tokens for c in result.checks) > 0
+    unlimited = validate(trace, "radix", page_size=page_size)
+    tight = validate(trace, "radix", page_size=page_size, capacity_tokens=260)
+    for result in (unlimited, tight):
+        assert result.ok, [c.problem for c in result.checks if c.problem]
+        assert all(c.cached_tokens == c.predicted_cached for c in result.checks)
+    assert 0 < sum(c.cached_tokens for c in tight.checks) < sum(c.cached_tokens for c in unlimited.checks)
 
 
 def test_triton_kernels_drive_the_validation():

@@ -3,12 +3,18 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from kvsim.cli.app import app, console, err_console
-from kvsim.cli.options import OnErrorOpt, TemplateOpt, TokenizerOpt, TraceBlockOpt, FormatOpt
+from kvsim.cli.options import (
+    FormatOpt,
+    OnErrorOpt,
+    TemplateOpt,
+    TokenizerOpt,
+    TraceBlockOpt,
+)
 
 _RUN = "Run"
 _CAP = "Cache"
@@ -26,7 +32,7 @@ def _need(module: str) -> None:
 
 @app.command("gpu-validate")
 def gpu_validate(
-    log: Annotated[Optional[list[Path]], typer.Argument(
+    log: Annotated[list[Path] | None, typer.Argument(
         help="Prompt log(s) (default: the bundled traces/support_chat.jsonl).", show_default=False)] = None,
     policy: Annotated[str, typer.Option("--policy", "-p", help="apc (vLLM APC) or radix (SGLang RadixAttention).",
                                         rich_help_panel=_RUN)] = "apc",
@@ -43,7 +49,7 @@ def gpu_validate(
     repeats: Annotated[int, typer.Option("--repeats", help="Timed runs per prefill (the median is kept).",
                                          rich_help_panel=_RUN)] = 3,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random weights.", rich_help_panel=_RUN)] = 0,
-    capacity_tokens: Annotated[Optional[str], typer.Option(
+    capacity_tokens: Annotated[str | None, typer.Option(
         "--capacity-tokens", help="Usable KV capacity in tokens (default: unlimited for the slice).",
         rich_help_panel=_CAP, show_default=False)] = None,
     block_size: Annotated[int, typer.Option("--block-size", help="APC block size (1, 16, 32, 64, ...).",
@@ -51,7 +57,7 @@ def gpu_validate(
     page_size: Annotated[int, typer.Option("--page-size", help="Radix page size.", rich_help_panel=_CAP)] = 1,
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the JSON results, report and figures.",
                                       rich_help_panel=_OUT)] = Path("out/gpu-validate"),
-    calibration_out: Annotated[Optional[Path], typer.Option(
+    calibration_out: Annotated[Path | None, typer.Option(
         "--calibration-out", help="Where to write the fitted calibration JSON (default: OUT/calibration.json); "
         "use it with kvsim simulate --calibration.", rich_help_panel=_OUT, show_default=False)] = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Skip the HTML/PNG report.",
@@ -146,9 +152,9 @@ def render(result) -> None:
             console.print(f"[red]request {c.index} ({c.request_id}):[/] {c.problem}", highlight=False)
     s = result.summary()
     lines = [
-        f"correctness: {s['validated'] - s['mismatches']}/{s['validated']} requests match a full prefill "
-        f"(max logits err {_g(s['max_logits_rel_err'])}, max K/V err {_g(s['max_kv_rel_err'])}, "
-        f"tolerance {s['tolerance']:g})",
+        (f"correctness: {s['validated'] - s['mismatches']}/{s['validated']} requests match a full prefill "
+         f"(max logits err {_g(s['max_logits_rel_err'])}, max K/V err {_g(s['max_kv_rel_err'])}, "
+         f"tolerance {s['tolerance']:g})"),
     ]
     if result.control:
         ctl = result.control

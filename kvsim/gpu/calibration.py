@@ -66,7 +66,7 @@ class Calibration:
         write_json(Path(path), self.to_json())
 
     @classmethod
-    def load(cls, path: str | Path) -> "Calibration":
+    def load(cls, path: str | Path) -> Calibration:
         """Read a calibration JSON, or raise :class:`InputError` saying what is wrong."""
         path = Path(path)
         try:
@@ -123,7 +123,7 @@ def fit_calibration(new_tokens, context_tokens, seconds, device: str, model: str
     fit = {
         "method": "non-negative least squares over measured prefills",
         "model": "fixed_s + per_token_s*n + per_context_token_s*(n*c + n*(n+1)/2)",
-        "points": int(len(y)),
+        "points": len(y),
         "r2": (1.0 - best_err / ss_tot) if ss_tot > 0 else None,
         "rms_relative_error": float(np.sqrt(np.mean(((pred - y) / np.maximum(y, 1e-30)) ** 2))),
         "new_tokens_range": [float(n.min()), float(n.max())],

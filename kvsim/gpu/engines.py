@@ -6,8 +6,8 @@ given, whether ids are pages or per-token slots, and how to see a running reques
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -59,22 +59,25 @@ def build_apc(trace: Trace, options: SimOptions) -> CacheModel:
 
 
 def build_radix(trace: Trace, options: SimOptions) -> CacheModel:
-    """SGLang RadixAttention (:class:`kvsim.cache.radix_cache.RadixCacheModel`).
+    """SGLang RadixAttention (:class:`kvsim.cache.radix_cache.RadixCacheModel`), built as
+    ``replay_radix``'s reference engine builds it.
 
     Admission tables hold one slot per token at page size 1 and page ids above it; a
     running request's ``row`` (SGLang's ``req_to_token``) holds one slot per token.
     Slot 0 / page 0 is SGLang's padding and never handed out.
     """
     from kvsim.cache.radix_cache import RadixCacheModel
-    from kvsim.models import radix_max_total_tokens
+    from kvsim.replay.radix import radix_settings
 
-    p = int(options.page_size)
-    capacity = radix_max_total_tokens(options)
-    cache = RadixCacheModel(page_size=p, capacity=capacity, eviction_policy=options.eviction_policy)
-    # unlimited: slots are never reused, ids grow past every token the slice allocates
+    st = radix_settings(options)
+    if st.finish != "length":
+        raise ConfigError("gpu-validate follows requests that finish by length only (finish='length')")
+    p = st.page_size
+    cache = RadixCacheModel(**st.engine_kwargs())
+    # unlimited: slots are never reused; a request allocates at most L + M + 1 slots plus a page
     L = trace.prompt_lengths
-    slice_pages = int(np.sum(-(-(L + np.maximum(trace.output_lengths, 1)) // p) + 1)) + 1
-    num_pages = slice_pages if capacity is None else capacity // p + 1
+    slice_pages = int(np.sum(-(-(L + np.maximum(trace.output_lengths, 1) + 1) // p) + 1)) + 2
+    num_pages = slice_pages if st.capacity is None else st.capacity // p + 1
 
     def running_pages(req: Request, n: int) -> np.ndarray | None:
         state = cache.active.get(req.request_id)

@@ -25,24 +25,23 @@ import torch
 if "triton" not in sys.modules and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+import triton
+import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["cached_len", "new_len"])
+@triton.jit(do_not_specialize=["cached_len", "new_len", "page_size", "group"])
 def _prefill_attention_kernel(
     Q, K_new, V_new, K_cache, V_cache, Out, BlockTable,
-    cached_len, new_len, qk_scale,
+    cached_len, new_len, qk_scale, page_size, group,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_kcp, stride_kco, stride_kch, stride_vcp, stride_vco, stride_vch,
     stride_ot, stride_oh,
-    PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """One program: BLOCK_M new-token queries of one query head (online softmax, fp32 state)."""
     pid_m = tl.program_id(0)
     head = tl.program_id(1)
-    kv_head = head // GROUP
+    kv_head = head // group
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     m_valid = offs_m < new_len
@@ -60,14 +59,14 @@ def _prefill_attention_kernel(
     for start_n in range(0, cached_len, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < cached_len
-        page = tl.load(BlockTable + offs_n // PAGE_SIZE, mask=n_valid, other=0).to(tl.int64)
-        slot = (offs_n % PAGE_SIZE).to(tl.int64)
+        page = tl.load(BlockTable + offs_n // page_size, mask=n_valid, other=0).to(tl.int64)
+        slot = (offs_n % page_size).to(tl.int64)
         k = tl.load(K_cache + page[None, :] * stride_kcp + slot[None, :] * stride_kco
                     + kv_head * stride_kch + offs_d[:, None],
                     mask=n_valid[None, :] & d_valid[:, None], other=0.0)
         if DOT_FP32:
             k = k.to(tl.float32)
-        qk = tl.dot(q, k) * qk_scale
+        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale
         qk = tl.where(n_valid[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.math.exp2(m_i - m_new)
@@ -80,7 +79,7 @@ def _prefill_attention_kernel(
         if DOT_FP32:
             p = p.to(tl.float32)
             v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
         m_i = m_new
 
     # 2) the new tokens themselves, causally (new token i sees new tokens 0..i).
@@ -92,7 +91,7 @@ def _prefill_attention_kernel(
                     mask=n_valid[None, :] & d_valid[:, None], other=0.0)
         if DOT_FP32:
             k = k.to(tl.float32)
-        qk = tl.dot(q, k) * qk_scale
+        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale
         keep = n_valid[None, :] & (offs_m[:, None] >= offs_n[None, :])
         qk = tl.where(keep, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -105,7 +104,7 @@ def _prefill_attention_kernel(
         if DOT_FP32:
             p = p.to(tl.float32)
             v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
         m_i = m_new
 
     l_i = tl.where(l_i == 0.0, 1.0, l_i)  # rows past new_len only; never stored
@@ -114,12 +113,12 @@ def _prefill_attention_kernel(
              out.to(Out.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
 
 
-@triton.jit(do_not_specialize=["start_pos", "num_tokens"])
+@triton.jit(do_not_specialize=["start_pos", "num_tokens", "page_size"])
 def _write_kv_kernel(
-    K_new, V_new, K_cache, V_cache, BlockTable, start_pos, num_tokens,
+    K_new, V_new, K_cache, V_cache, BlockTable, start_pos, num_tokens, page_size,
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_kcp, stride_kco, stride_kch, stride_vcp, stride_vco, stride_vch,
-    PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     """One program: BLOCK_T new tokens of one KV head, stored at their (page, slot)."""
     pid_t = tl.program_id(0)
@@ -129,8 +128,8 @@ def _write_kv_kernel(
     t_valid = offs_t < num_tokens
     mask = t_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
     pos = start_pos + offs_t
-    page = tl.load(BlockTable + pos // PAGE_SIZE, mask=t_valid, other=0).to(tl.int64)
-    slot = (pos % PAGE_SIZE).to(tl.int64)
+    page = tl.load(BlockTable + pos // page_size, mask=t_valid, other=0).to(tl.int64)
+    slot = (pos % page_size).to(tl.int64)
     k = tl.load(K_new + offs_t[:, None] * stride_kt + head * stride_kh + offs_d[None, :], mask=mask)
     v = tl.load(V_new + offs_t[:, None] * stride_vt + head * stride_vh + offs_d[None, :], mask=mask)
     tl.store(K_cache + page[:, None] * stride_kcp + slot[:, None] * stride_kco + head * stride_kch
@@ -140,8 +139,10 @@ def _write_kv_kernel(
 
 
 def interpreting() -> bool:
-    """Whether this process runs Triton kernels in the interpreter (on CPU tensors)."""
-    return bool(triton.knobs.runtime.interpret)
+    """Whether this process's kernels were built for Triton's interpreter (CPU tensors)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(_prefill_attention_kernel, InterpretedFunction)
 
 
 def _kernel(kernel, t: torch.Tensor):
@@ -175,6 +176,10 @@ def _dot_fp32(t: torch.Tensor) -> bool:
     # no bf16), so under the interpreter bf16 operands are widened to fp32 right before each
     # dot: the same bf16-rounded values the GPU's tensor cores multiply, with fp32 products.
     return t.dtype == torch.bfloat16 and t.device.type != "cuda"
+
+
+# fp32 inputs: full-precision products ("ieee"), not TF32, so fp32 runs compare at fp32
+# tolerance; 16-bit inputs ignore the setting.
 
 
 def _blocks(device: torch.device, head_dim: int) -> tuple[int, int, int]:
@@ -212,13 +217,14 @@ def prefill_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     kernel[grid](
         q, k_new, v_new, k_cache, v_cache, out, block_table,
         int(cached_len), n, scale * 1.4426950408889634,  # log2(e): the kernel uses exp2
+        page_size, hq // k_new.shape[1],
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1),
-        PAGE_SIZE=page_size, GROUP=hq // k_new.shape[1], HEAD_DIM=d,
-        BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n,
-        DOT_FP32=_dot_fp32(q), num_warps=warps, num_stages=2,
+        HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n,
+        DOT_FP32=_dot_fp32(q), PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=warps, num_stages=2,
     )
     return out
 
@@ -237,10 +243,10 @@ def write_kv(k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_
     block_t = 64 if k_new.device.type == "cuda" else 32
     kernel = _kernel(_write_kv_kernel, k_new)
     kernel[(triton.cdiv(n, block_t), hkv)](
-        k_new, v_new, k_cache, v_cache, block_table, int(start_pos), n,
+        k_new, v_new, k_cache, v_cache, block_table, int(start_pos), n, page_size,
         k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        PAGE_SIZE=page_size, HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_T=block_t,
+        HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_T=block_t,
         num_warps=4 if k_new.device.type == "cuda" else 1,
     )

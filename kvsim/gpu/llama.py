@@ -13,7 +13,6 @@ import torch
 from kvsim.gpu.configs import LlamaConfig
 from kvsim.gpu.paged_cache import PagedKVCache
 
-
 QK_GAIN = 1.5
 
 

@@ -20,8 +20,10 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -262,9 +264,9 @@ def _run(trace: Trace, opts: ValidateOptions, cfg: LlamaConfig, device, dtype, a
     import torch
 
     from kvsim.cache.registry import get_replayer
+    from kvsim.gpu.block_tables import SlotLedger
     from kvsim.gpu.engines import build_cache_model
     from kvsim.gpu.llama import LlamaModel
-    from kvsim.gpu.block_tables import SlotLedger
     from kvsim.replay.requests import iter_requests
 
     dtype_name = str(dtype).removeprefix("torch.")
@@ -328,8 +330,8 @@ def _run(trace: Trace, opts: ValidateOptions, cfg: LlamaConfig, device, dtype, a
             model.prefill(prompt, 0, scratch, scratch_table)              # restore the reference K/V
         _compare(chk, logits, full_logits, pool, table, scratch, scratch_table, c, L, tol)
 
-        chk.t_reuse_s = timer(lambda: model.prefill(prompt[c:], c, pool, table), repeats)
-        chk.t_full_s = timer(lambda: model.prefill(prompt, 0, scratch, scratch_table), repeats)
+        chk.t_reuse_s = timer(partial(model.prefill, prompt[c:], c, pool, table), repeats)
+        chk.t_full_s = timer(partial(model.prefill, prompt, 0, scratch, scratch_table), repeats)
         _predict(chk, cfg, L, c, dtype_bytes, peak)
         _time_kernel(chk, model, pool, table, c, L, timer, repeats, cfg, dtype_bytes)
 
