@@ -8,6 +8,7 @@ Elsewhere the error is bounded by what is measured here.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict
 
@@ -79,6 +80,104 @@ def test_block_lru_curve_equals_direct_lru_at_every_capacity(seed, order):
     for blocks in range(1, model.saturation_units + 3):
         got = model.hit_rate_at_units([blocks])[0]
         assert got == pytest.approx(block_lru_reference(tr, 4, blocks, order, warmup), abs=1e-12), blocks
+
+
+def mooncake_lab_lru(trace: Trace, block: int, capacity: int) -> float:
+    """The LRU of the Mooncake team's KV-cache simulator (kvcache-blog ``kv-cache-lab.js``,
+    ``simulatePrefixTriePolicy``), rewritten in Python: a prefix trie of blocks, hits
+    touched first to last, missing blocks inserted first to last, the least recently used
+    *leaf* evicted, the blocks the request already had cached protected, insertion stops
+    when nothing can be evicted. No warm-up."""
+    ids: dict = {}
+    parent = [0]
+    reqs = []
+    for i in range(len(trace)):
+        p = [int(t) for t in trace.prompt(i)]
+        nodes, sizes, node = [], [], 0
+        for j in range(-(-len(p) // block)):
+            piece = tuple(p[j * block:(j + 1) * block])
+            node = ids.setdefault((node, piece), len(parent))
+            if node == len(parent):
+                parent.append(nodes[-1] if nodes else 0)
+            nodes.append(node)
+            sizes.append(len(piece))
+        reqs.append((nodes, sizes))
+    n = len(parent)
+    present, children, stamp, version, protect = [0] * n, [0] * n, [0] * n, [0] * n, [0] * n
+    present[0] = 1
+    heap: list = []
+    clock = size = mark = hit = total = 0
+
+    def push_leaf(x):
+        if x and present[x] and not children[x]:
+            version[x] += 1
+            heapq.heappush(heap, (stamp[x], -x, version[x], x))
+
+    def touch(x):
+        nonlocal clock
+        clock += 1
+        stamp[x] = clock
+        push_leaf(x)
+
+    def evict_leaf():
+        nonlocal size
+        skipped, ok = [], False
+        while heap:
+            item = heapq.heappop(heap)
+            k, _, v, x = item
+            if not present[x] or children[x] or version[x] != v or stamp[x] != k:
+                continue
+            if protect[x] == mark:
+                skipped.append(item)
+                continue
+            present[x] = 0
+            size -= 1
+            children[parent[x]] -= 1
+            if parent[x] and present[parent[x]] and not children[parent[x]]:
+                push_leaf(parent[x])
+            ok = True
+            break
+        for item in skipped:
+            heapq.heappush(heap, item)
+        return ok
+
+    for nodes, sizes in reqs:
+        alive = True
+        for x, t in zip(nodes, sizes):
+            total += t
+            if present[x] and alive:
+                hit += t
+                touch(x)
+            elif not present[x]:
+                alive = False
+        mark += 1
+        for x in nodes:
+            if present[x]:
+                protect[x] = mark
+        for x in nodes:
+            if present[x]:
+                continue
+            if size >= capacity and not evict_leaf():
+                break
+            if size < capacity and present[parent[x]]:
+                present[x] = 1
+                size += 1
+                children[parent[x]] += 1
+                touch(x)
+            else:
+                break
+    return hit / total
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_block_lru_is_the_mooncake_simulators_lru(seed):
+    """Same hit rate at every capacity that holds the largest request (below it, that
+    simulator evicts a request's own new blocks and stops inserting)."""
+    tr = workload(seed, n=120)
+    model = block_lru_curve(tr, 4)
+    largest = max(-(-len(tr.prompt(i)) // 4) for i in range(len(tr)))
+    for blocks in range(largest, model.saturation_units + 2, 3):
+        assert model.hit_rate_at_units([blocks])[0] == pytest.approx(mooncake_lab_lru(tr, 4, blocks), abs=1e-12)
 
 
 def test_block_lru_namespaces_never_share():
