@@ -74,14 +74,14 @@ def bench_setting(trace, policy: str, size: int, capacities: list[float], repeat
 
     exact, ex_wall, ex_cpu, usable = [], [], [], []
     for cap in capacities:
-        result, w, c = timed(lambda: replay(trace, options(policy, size, cap)))
+        result, w, c = timed(lambda cap=cap: replay(trace, options(policy, size, cap)))
         exact.append(summarize(result, trace)["token_hit_rate"])
         usable.append(result.capacity_tokens)
         ex_wall.append(w)
         ex_cpu.append(c)
     cv_wall, cv_cpu = [], []
     for _ in range(repeat):
-        (model, rates), w, c = timed(lambda: _curve(curve_model, trace, policy, kw, usable))
+        (_, rates), w, c = timed(lambda: _curve(curve_model, trace, policy, kw, usable))
         cv_wall.append(w)
         cv_cpu.append(c)
     errors = [abs(a - b) for a, b in zip(rates, exact)]

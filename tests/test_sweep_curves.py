@@ -238,7 +238,7 @@ def test_apc_curve_counts_only_admitted_requests():
     assert model.extra["min_exact_tokens"] == 40
     (cap, rate, rejected), = exact_rates(tr, 4, [16])
     assert rejected == 1 and rate == pytest.approx(8 / 18)
-    hits, admitted = model.hits_at_units([cap // 4])
+    _, admitted = model.hits_at_units([cap // 4])
     assert admitted[0] == 18
     assert model.hit_rate([cap])[0] == 0.0  # the limit: the exact replay keeps [1]*8 cached
     (c40, r40, rej40), (c48, r48, rej48) = exact_rates(tr, 4, [40, 48])
@@ -301,6 +301,6 @@ def test_radix_admission_threshold_matches_the_replay():
     tr = Trace.from_prompts([[1] * 20, [1] * 20], output_lengths=[1, 1])
     model = radix_curve(tr, 1, granule=1)
     for cap, rate, rejected in radix_exact(tr, 1, [21, 22, 23, 64]):
-        hits, admitted = model._at(model.units_of([cap]), np.array([float(cap)]))
+        _, admitted = model._at(model.units_of([cap]), np.array([float(cap)]))
         assert admitted[0] == 20 * (2 - rejected), cap
         assert model.hit_rate([cap])[0] == pytest.approx(rate), cap

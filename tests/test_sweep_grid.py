@@ -7,8 +7,14 @@ import pytest
 
 from kvsim.errors import ConfigError
 from kvsim.models import get_model
-from kvsim.sweep.grid import (expand_grid, parse_capacities, parse_capacity, parse_eviction_policies,
-                              parse_ints, parse_policies)
+from kvsim.sweep.grid import (
+    expand_grid,
+    parse_capacities,
+    parse_capacity,
+    parse_eviction_policies,
+    parse_ints,
+    parse_policies,
+)
 
 
 def test_capacity_tokens_inf_and_memory():

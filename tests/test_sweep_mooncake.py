@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 import kvsim
-from kvsim.sweep.mooncake import FIG9_CAPACITIES, FIG9_PUBLISHED, READ_TOLERANCE, fig9_table, markdown, trace_name
+from kvsim.sweep.mooncake import (
+    FIG9_CAPACITIES,
+    FIG9_PUBLISHED,
+    READ_TOLERANCE,
+    fig9_table,
+    markdown,
+    trace_name,
+)
 
 TRACES = Path(__file__).resolve().parents[1] / "traces" / "public"
 

@@ -14,7 +14,14 @@ from kvsim.io.trace import Trace
 from kvsim.sweep import run_sweep, sweep
 from kvsim.sweep import runner as runner_mod
 from kvsim.sweep.grid import expand_grid, parse_capacities
-from kvsim.sweep.runner import ProcessExecutor, RayExecutor, SerialExecutor, SharedTrace, make_executor, run_points
+from kvsim.sweep.runner import (
+    ProcessExecutor,
+    RayExecutor,
+    SerialExecutor,
+    SharedTrace,
+    make_executor,
+    run_points,
+)
 
 
 def small_trace(n: int = 60, seed: int = 0) -> Trace:
@@ -175,3 +182,58 @@ def test_sweep_both_policies_curves_only_for_lru():
     assert radix.loc[lru, "curve_hit_rate"].notna().all()
     # LFU is not LRU in 0.5.23 (hit counts grow on insert), so it gets no curve either
     assert radix.loc[~lru, "curve_hit_rate"].isna().all()
+
+
+class FakeRay:
+    """Just enough of Ray's API to drive RayExecutor without Ray: tasks run at ``wait``,
+    last submitted first, and the trace goes through ``put`` once."""
+
+    def __init__(self):
+        self.initialized, self.init_kwargs, self.puts, self.pending = False, None, 0, {}
+
+    def is_initialized(self):
+        return self.initialized
+
+    def init(self, **kwargs):
+        self.initialized, self.init_kwargs = True, kwargs
+
+    def shutdown(self):
+        self.initialized = False
+
+    def put(self, value):
+        self.puts += 1
+        return ("ref", value)
+
+    def remote(self, **options):
+        fake = self
+
+        def wrap(fn):
+            class Task:
+                @staticmethod
+                def remote(ref, point):
+                    key = object()
+                    fake.pending[key] = lambda: fn(ref[1], point)
+                    return key
+            return Task
+        return wrap
+
+    def wait(self, refs, num_returns=1):
+        ref = refs[-1]
+        self.pending[ref] = self.pending[ref]()
+        return [ref], refs[:-1]
+
+    def get(self, ref):
+        return self.pending[ref]
+
+    def cancel(self, ref):
+        self.pending.pop(ref, None)
+
+
+def test_ray_executor_logic_with_a_fake_ray(monkeypatch):
+    fake = FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    tr = small_trace()
+    points = grid("32,inf")
+    rows = run_points(tr, points, executor=RayExecutor(jobs=3))
+    assert without_time(rows) == without_time(run_points(tr, points, executor=SerialExecutor()))
+    assert fake.puts == 1 and fake.init_kwargs["num_cpus"] == 3 and not fake.initialized

@@ -7,8 +7,16 @@ from typing import Annotated, Optional
 import typer
 
 from kvsim.cli.app import app, console
-from kvsim.cli.options import (FormatOpt, LimitOpt, LogPaths, OnErrorOpt, TemplateOpt, TokenizerOpt,
-                               TraceBlockOpt, load_from_cli)
+from kvsim.cli.options import (
+    FormatOpt,
+    LimitOpt,
+    LogPaths,
+    OnErrorOpt,
+    TemplateOpt,
+    TokenizerOpt,
+    TraceBlockOpt,
+    load_from_cli,
+)
 
 _GRID = "Grid (comma lists)"
 _RUN = "Execution"
@@ -67,7 +75,12 @@ def sweep(
     """
     from kvsim.errors import ConfigError
     from kvsim.outputs import check_output_path
-    from kvsim.sweep.grid import parse_capacities, parse_eviction_policies, parse_ints, parse_policies
+    from kvsim.sweep.grid import (
+        parse_capacities,
+        parse_eviction_policies,
+        parse_ints,
+        parse_policies,
+    )
     from kvsim.sweep.runner import EXECUTORS, make_executor
 
     names = parse_policies(policy)

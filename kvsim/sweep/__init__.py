@@ -11,4 +11,4 @@ from __future__ import annotations
 from kvsim.sweep.curves import CurveModel, curve, curve_model
 from kvsim.sweep.run import CurveSeries, SweepResult, run_sweep, sweep
 
-__all__ = ["run_sweep", "sweep", "curve", "curve_model", "CurveModel", "CurveSeries", "SweepResult"]
+__all__ = ["CurveModel", "CurveSeries", "SweepResult", "curve", "curve_model", "run_sweep", "sweep"]

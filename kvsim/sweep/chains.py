@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kvsim.cache.hashing import FAST_ROOT, _fmix, _round, _P3
+from kvsim.cache.hashing import _P3, FAST_ROOT, _fmix, _round
 
 
 @njit(cache=True)

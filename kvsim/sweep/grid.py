@@ -7,8 +7,9 @@ never multiplies the combinations of a policy that ignores it.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from kvsim.errors import ConfigError
 from kvsim.replay.options import SimOptions

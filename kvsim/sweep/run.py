@@ -3,16 +3,23 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from kvsim.io.trace import Trace
 from kvsim.sweep.curves import LRU_LIKE, CurveModel, curve_model
-from kvsim.sweep.grid import (SweepPoint, expand_grid, parse_capacities, parse_eviction_policies,
-                              parse_ints, parse_policies)
+from kvsim.sweep.grid import (
+    SweepPoint,
+    expand_grid,
+    parse_capacities,
+    parse_eviction_policies,
+    parse_ints,
+    parse_policies,
+)
 from kvsim.sweep.runner import Executor, run_points
 
 #: summary figures kept as columns, in this order
