@@ -49,6 +49,9 @@ def gpu_validate(
     repeats: Annotated[int, typer.Option("--repeats", help="Timed runs per prefill (the median is kept).",
                                          rich_help_panel=_RUN)] = 3,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random weights.", rich_help_panel=_RUN)] = 0,
+    tolerance: Annotated[float | None, typer.Option(
+        "--tolerance", help="Relative error allowed between reuse and full prefill (default: 1e-4 float32, "
+        "1e-2 float16, 3e-2 bfloat16).", rich_help_panel=_RUN, show_default=False)] = None,
     capacity_tokens: Annotated[str | None, typer.Option(
         "--capacity-tokens", help="Usable KV capacity in tokens (default: unlimited for the slice).",
         rich_help_panel=_CAP, show_default=False)] = None,
@@ -103,7 +106,7 @@ def gpu_validate(
     from kvsim.gpu.validate import ValidateOptions, run_validation
 
     opts = ValidateOptions(policy=policy, model=model, device=device, dtype=dtype, attention=attention,
-                           requests=requests, repeats=repeats, seed=seed, sim=sim)
+                           requests=requests, repeats=repeats, seed=seed, tolerance=tolerance, sim=sim)
     trace = load_from_cli(logs, fmt, tokenizer, chat_template, trace_block_size, on_error, None)
     with console.status("running prefills...") as status:
         result = run_validation(trace, opts, progress=lambda i, n: status.update(f"request {i}/{n}"))
