@@ -15,8 +15,14 @@ compiled kernels; trace loading and interpreter start-up are not timed. Wall-clo
 (``perf_counter``) and CPU (``process_time``) times are both reported: on a shared
 machine the CPU-time ratio is the steadier one.
 
+With ``--random N`` it instead measures the curve's error on N small random workloads
+(the generator of ``tests/test_sweep_curves.py``: shared system prompts, follow-ups cut
+anywhere, block-aligned prompts, prompt-logprob requests, salts and LoRA adapters; block
+and page size 4), binned by the share of requests the capacity rejects.
+
     .venv/bin/python bench/bench_sweep.py
     .venv/bin/python bench/bench_sweep.py --traces conversation --settings apc:16 --points 20 --json out.json
+    .venv/bin/python bench/bench_sweep.py --random 30
 """
 from __future__ import annotations
 
@@ -103,6 +109,60 @@ def _curve(curve_model, trace, policy, kw, usable):
     return model, model.hit_rate(usable)
 
 
+def random_workload(seed: int, n: int = 300):
+    """Same generator as tests/test_sweep_curves.py::workload (aligned, logprobs, namespaces)."""
+    import numpy as np
+
+    from kvsim.io.trace import Trace
+
+    rng = np.random.default_rng(seed)
+    systems = [list(rng.integers(0, 50, rng.integers(1, 40))) for _ in range(8)]
+    prompts: list[list[int]] = []
+    for _ in range(n):
+        if prompts and rng.random() < 0.5:
+            p = list(prompts[rng.integers(len(prompts))])[: rng.integers(1, 60)]
+        else:
+            p = list(systems[rng.integers(len(systems))])
+        p += list(rng.integers(0, 50, rng.integers(0, 30)))
+        prompts.append(p or [7])
+    salts = [f"t{rng.integers(2)}" if rng.random() < 0.3 else None for _ in range(n)]
+    loras = [f"a{rng.integers(2)}" if rng.random() < 0.2 else None for _ in range(n)]
+    logprob = [bool(rng.random() < 0.1) for _ in range(n)]
+    return Trace.from_prompts(prompts, output_lengths=rng.integers(1, 12, n).tolist(), cache_salts=salts,
+                              loras=loras, prompt_logprobs=logprob)
+
+
+def random_accuracy(seeds: int) -> None:
+    import numpy as np
+
+    from kvsim.cache.registry import get_replayer
+    from kvsim.replay.metrics import summarize
+    from kvsim.sweep import curve_model
+
+    caps = [16, 40, 80, 120, 160, 240, 400, 1000, 4000, math.inf]
+    bins = [("none", 0.0, 0.0), ("<= 5%", 1e-12, 0.05), ("> 5%", 0.05 + 1e-12, 1.0)]
+    print(f"{seeds} random workloads of 300 requests, capacities {caps[:-1]} tokens and unlimited\n")
+    print("| model | requests rejected | points | max abs error | mean abs error |")
+    print("|---|---|---:|---:|---:|")
+    for policy, kw in (("apc", {"block_size": 4}), ("radix", {"page_size": 1, "granule": 1}),
+                       ("radix", {"page_size": 4})):
+        rows = []
+        for seed in range(seeds):
+            tr = random_workload(seed)
+            model = curve_model(tr, policy, **kw)
+            for cap in caps:
+                opts = options(policy, kw.get("block_size", kw.get("page_size")), cap)
+                r = get_replayer(policy)(tr, opts)
+                s = summarize(r, tr)
+                rows.append((s["rejected"] / len(tr), abs(s["token_hit_rate"] - model.hit_rate([r.capacity_tokens])[0])))
+        arr = np.array(rows)
+        label = f"{policy} " + ", ".join(f"{k} {v}" for k, v in kw.items())
+        for name, lo, hi in bins:
+            sel = (arr[:, 0] >= lo) & (arr[:, 0] <= hi)
+            if sel.any():
+                print(f"| {label} | {name} | {int(sel.sum())} | {arr[sel, 1].max():.4f} | {arr[sel, 1].mean():.5f} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--traces", default="conversation,synthetic")
@@ -110,8 +170,13 @@ def main() -> int:
     parser.add_argument("--points", type=int, default=20, help="capacities (the last one is unlimited)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--random", type=int, default=0, metavar="N",
+                        help="measure the error on N random workloads instead")
     args = parser.parse_args()
     pinned = pin_one_core()
+    if args.random:
+        random_accuracy(args.random)
+        return 0
     import numpy as np
 
     import kvsim

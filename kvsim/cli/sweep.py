@@ -47,7 +47,7 @@ def sweep(
         rich_help_panel=_RUN, show_default=False)] = None,
     executor: Annotated[str, typer.Option(
         "--executor", help="local (process pool) or ray (RAY_ADDRESS cluster, else local Ray; "
-        "pip install 'kvsim[ray]').", rich_help_panel=_RUN)] = "local",
+        "pip install 'kvsim\\[ray]').", rich_help_panel=_RUN)] = "local",
     curve: Annotated[bool, typer.Option(
         "--curve/--no-curve", help="One-pass hit-rate curves for LRU-like policies, with their error against "
         "the exact replays.", rich_help_panel=_RUN)] = True,

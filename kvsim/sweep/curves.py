@@ -6,13 +6,14 @@ Three models share the stack pass of :mod:`kvsim.sweep.stack`:
   ``floor((L+M-1)/B)`` full blocks cached, holds one more partial block while it runs,
   hits at most ``floor((L-1)/B)`` blocks, and is rejected where ``ceil((L+M-1)/B)`` blocks
   exceed the usable ones (``vllm_apc.md §2.2, §3.5, §4.1``). Exact — the same hits as the
-  replay — at every capacity that rejects no request, unless a block-aligned prompt re-uses
-  a block that also survives as an older duplicate (see ``stack.py``).
+  replay — at every capacity that rejects no request, unless a block written twice (the
+  last block of a block-aligned prompt, a prompt-logprob request) is re-used while both
+  copies survive (see ``stack.py``).
 - ``radix``: SGLang radix with LRU eviction, on page-sized units (16-token granules at
   page size 1). An approximation: the tree evicts whole leaves, so it can free more than
-  it needs; the error against exact replays is reported with every sweep. (LFU is not
-  LRU-like in 0.5.23: a node's hit count grows with every insert through it, so the
-  kvsim radix model and SGLang order leaves differently from LRU; no curve for it.)
+  it needs; the error against exact replays is reported with every sweep. (No curve for
+  LFU: in 0.5.23 a node's hit count grows with every insert through it, so LFU orders
+  leaves differently from LRU.)
 - ``block-lru``: the "theoretical" model of hash-id studies (Mooncake FAST'25 Fig. 9): LRU
   over the trace's blocks, partial last block included and token-weighted, hits
   prefix-contiguous with no recompute cap, no transient footprint. Exact.

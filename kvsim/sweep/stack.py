@@ -7,17 +7,19 @@ vLLM's free order (``vllm_apc.md §3.5``: released in reverse, so a sequence's t
 evicted before its prefix) and the radix tree's leaf-first LRU eviction (``sglang_radix.md
 §5``). A cache of C units holds the C top units. While request i runs it also holds
 ``phi[i]`` transient units (a partial last block) that are not kept afterwards, so a unit
-survives request i only if its depth plus ``phi[i]`` fits. Then the cache of every size is
-the same stack cut at a different depth, and
+survives request i only if its depth plus ``phi[i]`` fits. The cache of every size is the
+same stack cut at a different depth, and
 
     unit x hits at capacity C  <=>  D(x) <= C,
-    D(x) = 1 + (units above x at the lookup) + max phi over the requests since x was last
-           pushed in which nothing new went above x.
+    D(x) = 1 + (units above x at the lookup)
+             + max phi over the requests since the last one that put a unit above x.
 
-Because a unit's prefix is always pushed after it, D grows along a chain and the cached
-set is prefix-closed: a request's hit at C is its leading units with D <= C. The second
-term is exact when phi is 0 or 1 (APC: the partial block); it is the general max-depth
-rule otherwise. Depths come from a Fenwick tree over push slots: O(log n) per unit.
+(x's depth only grows between its pushes, so its deepest moment is the last request that
+raised it or a later one with a larger phi.) A unit's prefix is always pushed after it,
+so D grows along a chain and every cache is prefix-closed: a request's hit at C is its
+leading units with D <= C. The phi term is exact when phi is 0 or 1 (APC's partial block)
+and an approximation for larger phi. Depths come from a Fenwick tree over 64-slot words
+of a bitset of live push slots: O(log n) per unit.
 
 Where it is not exact (callers state it): a request that cannot fit at capacity C is
 skipped by the engine but still pushes its units here; a unit re-used while an older
