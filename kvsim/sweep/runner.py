@@ -26,7 +26,7 @@ from kvsim.sweep.grid import SweepPoint
 
 EXECUTORS = ("local", "ray")
 
-#: what one replay hands back: (index, row) on success, (index, error message) on failure
+#: called once per finished combination with its index and summary row
 Done = Callable[[int, dict[str, Any]], None]
 
 
