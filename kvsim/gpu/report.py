@@ -68,7 +68,7 @@ def error_figure(result: ValidationResult):
             ax.axhline(max(result.control[key], floor), ls=":", lw=1, color="tab:red" if "stale" in key else "tab:purple",
                        label=label)
     ax.set_xlabel("request")
-    ax.set_ylabel("relative L2 error (reuse vs full)")
+    ax.set_ylabel("relative L2 error (0 drawn at 1e-9)")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     return fig
