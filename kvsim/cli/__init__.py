@@ -7,6 +7,7 @@ import sys
 
 import click
 import typer
+from rich.markup import escape
 
 from kvsim.cli.app import app, err_console
 from kvsim.errors import KvsimError
@@ -33,7 +34,7 @@ def run(argv: list[str] | None = None) -> int:
         e.show()
         return e.exit_code
     except KvsimError as e:
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False, markup=True, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         return e.exit_code
     except KeyboardInterrupt:
         err_console.print("interrupted")
