@@ -1,0 +1,154 @@
+"""`kvsim report`: one self-contained HTML page (and PNGs) about a prompt log."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from kvsim.cli.app import app, console, err_console
+from kvsim.cli.options import (FormatOpt, LimitOpt, LogPaths, OnErrorOpt, ShowTextOpt, TemplateOpt, TokenizerOpt,
+                               TraceBlockOpt, load_from_cli)
+
+_CAP = "Capacity (one of; default: the KV for 90% of the upper bound)"
+_ENG = "Engine settings"
+_OUT = "Output"
+
+
+def html_report(html: Path, trace: Any, logs: list[Path], options: Any = None, png_dir: Path | None = None,
+                **precomputed: Any) -> Path:
+    """Write the report of ``trace`` to ``html`` with progress on stderr; print and return its path.
+
+    Used by ``kvsim report`` and by ``--html`` on analyze, simulate and sweep, which pass what
+    they computed (``analysis=``, ``runs=``, ``sweep_result=``) so it is not computed again.
+    """
+    from kvsim.report import make_report
+
+    def progress(line: str) -> None:
+        err_console.print(f"report: {line}", highlight=False, markup=False)
+
+    written = make_report(trace, html, options, png_dir=png_dir, inputs=logs, progress=progress, **precomputed)
+    pngs = written[:-1]
+    where = (f" and {len(pngs)} PNG file(s) in {pngs[0].parent}" if pngs else "")
+    console.print(f"report written to {written[-1]}{where}", highlight=False, soft_wrap=True)
+    return written[-1]
+
+
+@app.command()
+def report(
+    logs: LogPaths,
+    output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write (self-contained: images "
+                                         "and styles embedded).", rich_help_panel=_OUT)] = Path("report.html"),
+    png_dir: Annotated[Optional[Path], typer.Option(
+        "--png-dir", help="Write the PNG charts into this folder (default: next to the HTML file, named "
+        "<name>_<chart>.png).", rich_help_panel=_OUT, show_default=False)] = None,
+    capacity_tokens: Annotated[Optional[str], typer.Option(
+        "--capacity-tokens", help="Usable KV capacity in tokens (or 'inf').", rich_help_panel=_CAP,
+        show_default=False)] = None,
+    num_gpu_blocks: Annotated[Optional[int], typer.Option(
+        "--num-gpu-blocks", help="vLLM's num_gpu_blocks (the reserved null block included).", rich_help_panel=_CAP,
+        show_default=False)] = None,
+    max_total_tokens: Annotated[Optional[int], typer.Option(
+        "--max-total-tokens", help="SGLang's max_total_num_tokens.", rich_help_panel=_CAP, show_default=False)] = None,
+    kv_cache_memory: Annotated[Optional[str], typer.Option(
+        "--kv-cache-memory", help="KV cache memory, e.g. 20GiB (needs --model).", rich_help_panel=_CAP,
+        show_default=False)] = None,
+    model: Annotated[Optional[str], typer.Option(
+        "--model", help="Model shape (llama-3-8b, qwen2.5-72b, ...) or a HF config.json: GiB figures; with --gpu, "
+        "the capacity the engines would get.", rich_help_panel=_CAP, show_default=False)] = None,
+    gpu: Annotated[Optional[str], typer.Option(
+        "--gpu", help="GPU (H100-80GB, H200, A100-80GB, L4, ...), with --model.", rich_help_panel=_CAP,
+        show_default=False)] = None,
+    gpu_memory_utilization: Annotated[float, typer.Option(
+        "--gpu-memory-utilization", help="vLLM's setting, used with --gpu.", rich_help_panel=_CAP)] = 0.9,
+    mem_fraction_static: Annotated[Optional[float], typer.Option(
+        "--mem-fraction-static", help="SGLang's setting, used with --gpu (default: SGLang's own default).",
+        rich_help_panel=_CAP, show_default=False)] = None,
+    block_size: Annotated[int, typer.Option("--block-size", help="APC block size (tokens).",
+                                            rich_help_panel=_ENG)] = 16,
+    page_size: Annotated[int, typer.Option("--page-size", help="Radix page size (tokens).",
+                                           rich_help_panel=_ENG)] = 1,
+    eviction_policy: Annotated[str, typer.Option("--eviction-policy", help="Radix eviction policy.",
+                                                 rich_help_panel=_ENG)] = "lru",
+    engine_version: Annotated[Optional[str], typer.Option(
+        "--engine-version", help="vLLM behaviour profile: 0.33 (default) or 0.11.", rich_help_panel=_ENG,
+        show_default=False)] = None,
+    block_sizes: Annotated[str, typer.Option("--block-sizes", help="Block and page sizes of the block-size chart.",
+                                             rich_help_panel=_ENG)] = "16,32,64,128,256,512",
+    top: Annotated[int, typer.Option("--top", help="Shared prefixes and divergence sites listed.")] = 10,
+    show_text: ShowTextOpt = False,
+    calibration: Annotated[Optional[Path], typer.Option(
+        "--calibration", help="gpu-validate calibration JSON: estimate the prefill GPU time saved.",
+        rich_help_panel=_OUT, show_default=False)] = None,
+    gpu_results: Annotated[Optional[Path], typer.Option(
+        "--gpu-results", help="gpu-validate result JSON (gpu_validate.json): add the GPU validation section.",
+        rich_help_panel=_OUT, show_default=False)] = None,
+    jobs: Annotated[Optional[int], typer.Option(
+        "--jobs", "-j", help="Parallel replays (default: 1 below 2M prompt tokens, else all CPUs).",
+        show_default=False)] = None,
+    fmt: FormatOpt = "auto",
+    tokenizer: TokenizerOpt = "cl100k_base",
+    chat_template: TemplateOpt = "llama3",
+    trace_block_size: TraceBlockOpt = 512,
+    on_error: OnErrorOpt = "fail",
+    limit: LimitOpt = None,
+) -> None:
+    """Write an HTML report (plus PNG charts) of a prompt log: what a prefix cache would save.
+
+    Key numbers first (upper bound, APC and radix hit rates at the chosen capacity, prefill
+    tokens and estimated GPU time saved, KV memory for 90% of the upper bound), then hit rate
+    vs capacity and vs block size, the cached share per request, where requests stop sharing
+    and which volatile content breaks it, the top shared prefixes as an icicle of the prefix
+    tree, per-tenant and per-adapter hit rates with the cost of isolation, and the
+    recommendation of [bold]kvsim analyze[/]. Without a capacity option the report uses the
+    KV needed for 90% of the upper bound. No prompt text unless --show-text.
+    """
+    from kvsim.analyze.options import parse_block_sizes
+    from kvsim.cli.simulate import parse_capacity_tokens
+    from kvsim.errors import ConfigError
+    from kvsim.models import parse_bytes
+    from kvsim.outputs import check_output_path
+    from kvsim.replay.options import SimOptions
+    from kvsim.report import ReportOptions
+
+    if jobs is not None and jobs < 1:
+        raise ConfigError(f"--jobs must be at least 1, got {jobs}")
+    if model is not None:
+        from kvsim.models import get_model
+
+        get_model(model)  # a bad name fails before the log is read
+    sim = SimOptions(
+        capacity_tokens=parse_capacity_tokens(capacity_tokens), num_gpu_blocks=num_gpu_blocks,
+        max_total_tokens=max_total_tokens,
+        kv_cache_memory=None if kv_cache_memory is None else parse_bytes(kv_cache_memory),
+        model=model, gpu=gpu, gpu_memory_utilization=gpu_memory_utilization,
+        mem_fraction_static=mem_fraction_static, block_size=block_size, page_size=page_size,
+        eviction_policy=eviction_policy, engine_version=engine_version)
+    calib = None
+    if calibration is not None:
+        from kvsim.gpu.calibration import Calibration
+
+        calib = Calibration.load(calibration)
+    if gpu_results is not None:
+        from kvsim.report.gpu import load_validation
+
+        load_validation(gpu_results)  # a bad file fails before the log is read
+    check_output_path(output, logs)
+    options = ReportOptions(sim=sim, block_sizes=parse_block_sizes(block_sizes), top=top, show_text=show_text,
+                            model=model, calibration=calib, gpu_results=gpu_results, jobs=jobs)
+    trace = load_from_cli(logs, fmt, tokenizer, chat_template, trace_block_size, on_error, limit)
+    html_report(output, trace, logs, options, png_dir=png_dir)
+
+
+def sweep_report_options(block_size: str, page_size: str, eviction_policy: str, engine_version: str | None,
+                         model: str | None, jobs: int | None) -> Any:
+    """The report settings of ``kvsim sweep --html``: the first block size, page size and
+    eviction policy of the grid are the report's engine settings."""
+    from kvsim.replay.options import SimOptions
+    from kvsim.report import ReportOptions
+    from kvsim.sweep.grid import parse_eviction_policies, parse_ints
+
+    sim = SimOptions(block_size=parse_ints(block_size, "--block-size")[0],
+                     page_size=parse_ints(page_size, "--page-size")[0],
+                     eviction_policy=parse_eviction_policies(eviction_policy)[0], engine_version=engine_version)
+    return ReportOptions(sim=sim, model=model, jobs=jobs)

@@ -1,0 +1,519 @@
+"""Gather what the report shows for one trace: ``kvsim analyze``, one-pass curves, exact
+replays at the chosen capacity, over capacities and over block sizes; then the charts.
+
+:func:`build_report` returns a :class:`ReportData` (key numbers, sections with charts and
+tables, notes) that :mod:`kvsim.report.html` turns into one HTML page. A command that has
+already computed part of it (analyze's report, simulate's replays, a sweep) passes it in
+and only the rest is computed.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from kvsim.analyze.options import DEFAULT_BLOCK_SIZES
+from kvsim.errors import ConfigError
+from kvsim.io.trace import NONE, Trace
+from kvsim.replay.options import SimOptions
+from kvsim.report import figures as F
+from kvsim.report import text as T
+from kvsim.report.document import Chart, KeyNumber, ReportData, Section, Table
+
+Say = Callable[[str], None]
+POLICIES = ("apc", "radix")
+CAPACITY_POINTS = 7          # exact replays along the capacity axis
+MAX_GROUPS = 12              # bars per grouping panel
+
+
+@dataclass
+class ReportOptions:
+    """What to put in the report. ``sim`` carries the chosen capacity and engine settings;
+    without a capacity in it, the report uses the KV needed for ``target_share`` of the
+    upper bound (from the exact APC curve)."""
+
+    sim: SimOptions = field(default_factory=SimOptions)
+    block_sizes: tuple[int, ...] = DEFAULT_BLOCK_SIZES
+    top: int = 10
+    show_text: bool = False
+    model: str | None = None                 # GiB figures (default: sim.model)
+    calibration: Any = None                  # kvsim.gpu.calibration.Calibration
+    gpu_results: Path | None = None          # gpu_validate.json of kvsim gpu-validate
+    jobs: int | None = None                  # parallel replays (None: 1 for small traces, else all CPUs)
+    target_share: float = 0.9
+    curve_points: int = 96
+    title: str | None = None
+    command: str | None = None               # the command line, shown in the notes
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target_share < 1:
+            raise ConfigError(f"target share must be in (0, 1), got {self.target_share!r}")
+        self.block_sizes = tuple(sorted({int(b) for b in self.block_sizes}))
+        if not self.block_sizes or self.block_sizes[0] < 1:
+            raise ConfigError("block sizes must be positive integers")
+        if self.model is None:
+            self.model = self.sim.model
+
+
+def build_report(trace: Trace, options: ReportOptions | None = None, *, analysis: dict[str, Any] | None = None,
+                 runs: dict[str, Any] | None = None, sweep_result: Any = None,
+                 progress: Say | None = None) -> ReportData:
+    """Compute (or reuse) every figure of the report for ``trace``.
+
+    ``analysis``: ``AnalysisReport.to_dict()`` of this trace; ``runs``: policy ->
+    ReplayResult replayed with ``options.sim`` (used when it names a capacity);
+    ``sweep_result``: a :class:`kvsim.sweep.SweepResult` whose rows and curves replace the
+    report's own capacity sweep. ``progress`` receives one line per phase.
+    """
+    return _Builder(trace, options or ReportOptions(), progress).build(analysis, runs, sweep_result)
+
+
+def has_capacity(sim: SimOptions) -> bool:
+    """Does ``sim`` name a capacity (else the replay would be unlimited)?"""
+    return any(v is not None for v in (sim.capacity_tokens, sim.num_gpu_blocks, sim.max_total_tokens,
+                                       sim.kv_cache_memory)) or bool(sim.model and sim.gpu)
+
+
+def capacity_for_share(model: Any, share: float) -> float | None:
+    """Smallest capacity (tokens) from which on a one-pass curve stays at >= ``share`` of its
+    unlimited-cache hit rate; None when nothing is ever reused."""
+    full = float(model.hit_rate_at_units([math.inf])[0])
+    if full <= 0:
+        return None
+    units = np.unique(np.concatenate([model.hit_thr, -(-model.den_thr // model.unit_tokens), [1]]))
+    units = units[units >= 1].astype(np.float64)
+    below = np.flatnonzero(model.hit_rate_at_units(units) < share * full - 1e-12)
+    if len(below) == 0:
+        return float(units[0] * model.unit_tokens)
+    if below[-1] + 1 >= len(units):
+        return None
+    return float(units[below[-1] + 1] * model.unit_tokens)
+
+
+class _Builder:
+    def __init__(self, trace: Trace, opts: ReportOptions, progress: Say | None) -> None:
+        self.trace = trace
+        self.opts = opts
+        self.say = progress or (lambda _msg: None)
+        self.t0 = time.perf_counter()
+        self.kv_bytes = None
+        if opts.model is not None:
+            from kvsim.models import get_model
+
+            self.kv_bytes = int(get_model(opts.model).kv_bytes_per_token())
+        n_tok = trace.num_prompt_tokens if trace.has_tokens else 0
+        self.jobs = opts.jobs if opts.jobs is not None else (1 if n_tok < 2_000_000 else None)
+        self.notes: list[str] = []
+
+    def _phase(self, text: str) -> None:
+        self.say(f"[{time.perf_counter() - self.t0:5.1f} s] {text}")
+
+    # -- computation ---------------------------------------------------------------------
+    def build(self, analysis: dict[str, Any] | None, runs: dict[str, Any] | None, sweep_result: Any) -> ReportData:
+        tr, o = self.trace, self.opts
+        tr.require_tokens("a report")
+        if analysis is None:
+            from kvsim.analyze import AnalyzeOptions, analyze
+
+            self._phase(f"analyzing {len(tr):,} requests ({tr.num_prompt_tokens:,} prompt tokens)")
+            analysis = analyze(tr, AnalyzeOptions(block_sizes=o.block_sizes, top=o.top, show_text=o.show_text,
+                                                  model=o.model, progress=True)).to_dict()
+        self.an = analysis
+        self._phase("one-pass hit-rate curves")
+        self.models = self._curve_models()
+        self.target_caps = {p: (capacity_for_share(m, o.target_share) if m is not None else None)
+                            for p, m in self.models.items()}
+        self.chosen_sim, self.chosen_source = self._chosen_options()
+        self.runs = self._chosen_runs(runs)
+        self.caps = {p: _cap(r.capacity_tokens) for p, r in self.runs.items()}
+        self._phase("exact replays along the capacity axis" if sweep_result is None else "reading the sweep")
+        cap_series, cap_rows = self._capacity_series(sweep_result)
+        self._phase("exact replays over block and page sizes")
+        block_series = self._block_series()
+        self._phase("prefix tree and isolation replays")
+        from kvsim.report.prefix_tree import icicle_layout
+
+        tree = icicle_layout(tr, (analysis.get("prefixes") or {}).get("top", []))
+        groups = self._group_panels()
+        self._phase("drawing the charts")
+        sections = [
+            self._capacity_section(cap_series, cap_rows),
+            self._block_section(block_series),
+            self._fraction_section(),
+            self._divergence_section(),
+            self._prefix_section(tree),
+            self._group_section(groups),
+            self._recommendation_section(),
+        ]
+        if o.gpu_results is not None:
+            sections.append(self._gpu_section())
+        sections.append(self._notes_section())
+        sections = [s for s in sections if s is not None]
+        key, numbers = self._key_numbers()
+        title = o.title or f"kvsim report: {', '.join(Path(s).name for s in tr.meta.sources) or 'trace'}"
+        subtitle = T.trace_line(analysis["shape"])
+        self._phase(f"{sum(len(s.charts) for s in sections)} charts ready")
+        return ReportData(title, subtitle, key, sections, self.notes, numbers)
+
+    def _curve_models(self) -> dict[str, Any]:
+        from kvsim.sweep.curves import LRU_LIKE, curve_model
+
+        sim = self.opts.sim
+        models: dict[str, Any] = {"apc": curve_model(self.trace, "apc", block_size=sim.block_size,
+                                                     engine_version=sim.engine_version)}
+        models["radix"] = (curve_model(self.trace, "radix", page_size=sim.page_size, eviction_policy="lru")
+                           if sim.eviction_policy.lower() in LRU_LIKE else None)
+        return models
+
+    def _chosen_options(self) -> tuple[SimOptions, str]:
+        sim = self.opts.sim
+        if has_capacity(sim):
+            return sim, "given"
+        cap = self.target_caps.get("apc")
+        if cap is None:
+            self.notes.append("Nothing in this trace is reused, so there is no capacity for a share of the upper "
+                              "bound: the report replays with an unlimited cache.")
+            return replace(sim, capacity_tokens=math.inf), "unlimited (nothing is reused)"
+        return replace(sim, capacity_tokens=cap), f"the KV needed for {self.opts.target_share:.0%} of the upper bound"
+
+    def _chosen_runs(self, runs: dict[str, Any] | None) -> dict[str, Any]:
+        from kvsim.replay.simulate import run_simulation
+
+        have = dict(runs or {}) if self.chosen_source == "given" else {}
+        missing = [p for p in POLICIES if p not in have]
+        if missing:
+            self._phase(f"replaying {' and '.join(missing)} at the chosen capacity")
+            have.update(run_simulation(self.trace, missing, self.chosen_sim))
+        return {p: have[p] for p in POLICIES}
+
+    def _sweep(self, policies: str, capacities: list[float], **grid: Any):
+        from kvsim.sweep import sweep
+
+        extra = {"engine_version": self.opts.sim.engine_version} if self.opts.sim.engine_version else {}
+        return sweep(self.trace, policies, capacities, jobs=self.jobs, curves=False, **grid, **extra).frame
+
+    def _capacity_range(self) -> tuple[float, float]:
+        apc = self.models["apc"]
+        lo = float(max(apc.extra.get("min_exact_tokens", apc.unit_tokens), 16))
+        radix = self.models.get("radix")
+        if radix is not None and len(radix.den_thr):
+            lo = max(lo, float(radix.den_thr[-1]))
+        sat = max(float(m.saturation_units * m.unit_tokens) for m in self.models.values() if m is not None)
+        return lo, max(sat * 1.5, lo * 8)
+
+    def _capacity_series(self, sweep_result: Any) -> tuple[list[dict[str, Any]], list[list[str]]]:
+        sim = self.opts.sim
+        if sweep_result is not None:
+            return self._series_from_sweep(sweep_result)
+        lo, hi = self._capacity_range()
+        series: list[dict[str, Any]] = []
+        for p, m in self.models.items():
+            if m is None:
+                continue
+            xs, ys = m.grid(self.opts.curve_points, lo_tokens=lo, hi_tokens=hi)
+            what = "exact" if p == "apc" else "estimate"
+            series.append({"policy": p, "label": f"{T.policy_label(p, sim)}: one-pass curve ({what})",
+                           "setting": p, "kind": "curve", "capacity_tokens": xs, "hit_rate": ys})
+        caps = sorted({float(round(c / 16) * 16) for c in np.geomspace(lo, hi / 1.5, CAPACITY_POINTS)}
+                      | {c for c in self.caps.values() if math.isfinite(c)})
+        frame = self._sweep("apc,radix", caps, block_sizes=[sim.block_size], page_sizes=[sim.page_size],
+                            eviction_policies=[sim.eviction_policy])
+        rows = []
+        self.curve_error: dict[str, float] = {}
+        for p in POLICIES:
+            sub = frame[frame["policy"] == p]
+            x = sub["capacity_tokens"].to_numpy(np.float64)
+            y = sub["token_hit_rate"].to_numpy(np.float64)
+            series.append({"policy": p, "label": f"{T.policy_label(p, sim)}: exact replays", "setting": p,
+                           "kind": "exact", "capacity_tokens": x, "hit_rate": y})
+            if self.models.get(p) is not None:
+                self.curve_error[p] = float(np.abs(self.models[p].hit_rate(x) - y).max())
+        by_cap: dict[float, dict[str, float]] = {}
+        for row in frame.to_dict(orient="records"):
+            by_cap.setdefault(row["capacity_tokens"], {})[row["policy"]] = row["token_hit_rate"]
+        for cap in sorted(by_cap):
+            est = {p: (float(self.models[p].hit_rate([cap])[0]) if self.models.get(p) is not None else None)
+                   for p in POLICIES}
+            rows.append([T.tokens(cap), T.gib(cap, self.kv_bytes), *(T.pct(by_cap[cap].get(p)) for p in POLICIES),
+                         *(T.pct(est[p]) for p in POLICIES)])
+        return series, rows
+
+    def _series_from_sweep(self, result: Any) -> tuple[list[dict[str, Any]], list[list[str]]]:
+        series: list[dict[str, Any]] = []
+        for c in result.curves:
+            if c.policy not in POLICIES:
+                continue
+            setting = T.setting_label(c.policy, c.settings)
+            series.append({"policy": c.policy, "label": f"{setting}: one-pass curve", "setting": setting,
+                           "kind": "curve", "capacity_tokens": c.capacity_tokens, "hit_rate": c.hit_rate})
+        frame = result.frame
+        rows = []
+        keys = ["policy", "block_size", "page_size", "eviction_policy"]
+        for _key, sub in frame.groupby(keys, dropna=False, sort=False):
+            first = sub.iloc[0].to_dict()
+            setting = T.setting_label(first["policy"], first)
+            series.append({"policy": first["policy"], "label": f"{setting}: exact replays", "setting": setting,
+                           "kind": "exact", "capacity_tokens": sub["capacity_tokens"].to_numpy(np.float64),
+                           "hit_rate": sub["token_hit_rate"].to_numpy(np.float64)})
+            for row in sub.to_dict(orient="records"):
+                rows.append([T.tokens(row["capacity_tokens"]), T.gib(row["capacity_tokens"], self.kv_bytes),
+                             setting, T.pct(row["token_hit_rate"]), T.pct(row.get("curve_hit_rate"))])
+        self.curve_error = {}
+        self.sweep_table = True
+        return series, rows
+
+    def _block_series(self) -> list[dict[str, Any]]:
+        sim = self.opts.sim
+        sizes = list(self.opts.block_sizes)
+        pages = sorted({1, *sizes})
+        apc = self._sweep("apc", [self.caps["apc"]], block_sizes=sizes)
+        radix = self._sweep("radix", [self.caps["radix"]], page_sizes=pages, eviction_policies=[sim.eviction_policy])
+        ub = self.an["upper_bound"]
+        bound_sizes = [1] + [b["block_size"] for b in ub["blocks"]]
+        bound_rates = [ub["token"]["token_weighted_recompute"]] + [b["token_weighted_recompute"] for b in ub["blocks"]]
+        self.block_rates = {"apc": dict(zip(apc["block_size"].astype(int), apc["token_hit_rate"])),
+                            "radix": dict(zip(radix["page_size"].astype(int), radix["token_hit_rate"]))}
+        return [
+            {"policy": "apc", "label": "vLLM APC at the chosen capacity (by block size)",
+             "sizes": apc["block_size"].astype(int).tolist(), "hit_rate": apc["token_hit_rate"].tolist()},
+            {"policy": "radix", "label": f"SGLang radix ({sim.eviction_policy}) at the chosen capacity (by page size)",
+             "sizes": radix["page_size"].astype(int).tolist(), "hit_rate": radix["token_hit_rate"].tolist()},
+            {"policy": "bound", "label": "unlimited cache (upper bound, last token recomputed)", "sizes": bound_sizes,
+             "hit_rate": bound_rates, "dashed": True},
+        ]
+
+    def _group_panels(self) -> list[dict[str, Any]]:
+        from kvsim.replay.metrics import breakdown
+        from kvsim.replay.simulate import run_simulation
+
+        tr = self.trace
+        present = {c: len(np.unique(getattr(tr, c))) > 1 for c in ("tenant", "cache_salt", "lora")}
+        columns = [c for c in ("tenant", "cache_salt", "lora") if present[c]]
+        if present["tenant"] and present["cache_salt"]:
+            columns.remove("cache_salt")
+        if not columns:
+            return []
+        n = len(tr)
+        counterfactual = {}
+        if (tr.cache_salt != NONE).any():
+            counterfactual["salt"] = replace(tr, cache_salt=np.full(n, NONE, np.int32), salt_names=[])
+        if (tr.lora != NONE).any():
+            counterfactual["lora"] = replace(tr, lora=np.full(n, NONE, np.int32), lora_names=[])
+        shared_runs = {k: run_simulation(t, list(POLICIES), self.chosen_sim) for k, t in counterfactual.items()}
+        self.isolation_overall = {k: {p: _hit_rate(r[p], tr) for p in POLICIES} for k, r in shared_runs.items()}
+        panels = []
+        for column in columns:
+            which = "lora" if column == "lora" else "salt"
+            base = {p: breakdown(self.runs[p], tr, column) for p in POLICIES}
+            order = base["apc"].sort_values("prompt_tokens", ascending=False).index[:MAX_GROUPS]
+            series = []
+            for p in POLICIES:
+                series.append({"policy": p, "label": T.policy_label(p, self.chosen_sim),
+                               "values": base[p].loc[order, "token_hit_rate"].tolist()})
+                if which in shared_runs:
+                    alt = breakdown(shared_runs[which][p], tr, column)
+                    series.append({"policy": p, "hatched": True,
+                                   "label": f"{T.POLICY_SHORT[p]}, {T.IGNORED[which]}",
+                                   "values": alt.loc[order, "token_hit_rate"].tolist()})
+            panels.append({"title": f"by {T.COLUMN_NAMES[column]}" + (
+                f" (largest {MAX_GROUPS} of {len(base['apc'])})" if len(base["apc"]) > MAX_GROUPS else ""),
+                "xlabel": f"{T.COLUMN_NAMES[column]} [name]", "groups": [str(g) for g in order],
+                "series": series, "column": column, "which": which})
+        return panels
+
+    # -- sections ------------------------------------------------------------------------
+    def _chart(self, name: str, fig: Any, caption: str, alt: str) -> Chart:
+        title = fig.axes[0].get_title(loc="left") if fig.axes else name
+        if getattr(fig, "_suptitle", None) is not None:
+            title = fig._suptitle.get_text()
+        return Chart(name, title, caption, F.png_bytes(fig), alt)
+
+    def _cap_text(self, policy: str) -> str:
+        return T.capacity_text(self.caps[policy], self.kv_bytes)
+
+    def _capacity_section(self, series: list[dict[str, Any]], rows: list[list[str]]) -> Section:
+        bound = self.an["bound"]
+        bounds = {f"unlimited cache, token level ({T.pct(bound['radix'])})": bound["radix"],
+                  f"unlimited cache, APC block 16 ({T.pct(bound['block16'])})": bound["block16"]}
+        chosen = {"bound": self.caps["apc"]} if self.caps["apc"] == self.caps["radix"] else self.caps
+        fig = F.capacity_chart(series, bounds, chosen=chosen, kv_bytes_per_token=self.kv_bytes)
+        caption = T.capacity_caption(self.target_caps, self.opts.target_share, self.curve_error,
+                                     from_sweep=getattr(self, "sweep_table", False))
+        chart = self._chart("capacity", fig, caption, "Line chart of token hit rate against KV cache capacity "
+                            "for vLLM APC and SGLang radix")
+        if self.kv_bytes is None:  # no model: the memory column would be empty
+            rows = [r[:1] + r[2:] for r in rows]
+        if getattr(self, "sweep_table", False):
+            table = Table("Exact replays of the sweep (one-pass estimate where available)",
+                          ["capacity (tokens)"] + (["memory"] if self.kv_bytes is not None else [])
+                          + ["setting", "hit rate", "one-pass"], rows)
+        else:
+            table = Table("Exact replays (and the one-pass curves at the same capacities)",
+                          ["capacity (tokens)"] + (["memory"] if self.kv_bytes is not None else [])
+                          + ["APC hit rate", "radix hit rate", "APC one-pass", "radix one-pass"], rows)
+        return Section("capacity", "Hit rate vs cache capacity", charts=[chart], tables=[table],
+                       paragraphs=[T.CAPACITY_INTRO])
+
+    def _block_section(self, series: list[dict[str, Any]]) -> Section:
+        cap = (self._cap_text("apc") if self.caps["apc"] == self.caps["radix"]
+               else f"APC {self._cap_text('apc')}, radix {self._cap_text('radix')}")
+        fig = F.block_size_chart(series, f"capacity {cap}")
+        caption = T.block_caption(self.block_rates, cap)
+        return Section("block-size", "Hit rate vs block size", charts=[self._chart(
+            "block_size", fig, caption, "Line chart of token hit rate against APC block size and radix page size")],
+            paragraphs=[T.BLOCK_INTRO])
+
+    def _fraction_section(self) -> Section:
+        fractions = {p: _fractions(self.runs[p], self.trace) for p in POLICIES}
+        labels = {p: f"{T.policy_label(p, self.chosen_sim)} at {self._cap_text(p)}" for p in POLICIES}
+        fig = F.cached_fraction_chart(fractions, labels)
+        caption = T.fraction_caption(fractions)
+        return Section("cached-fraction", "Cached share per request", charts=[self._chart(
+            "cached_fraction", fig, caption, "Histogram of the cached share of each request's prompt")])
+
+    def _divergence_section(self) -> Section:
+        dv = self.an.get("divergence") or {}
+        h = dv.get("histogram")
+        if not h:
+            return Section("divergence", "Where sharing stops", paragraphs=["No divergence data for this trace."])
+        shown = [b for b in h["bins"] if b["requests"] or b["from"] == 0]
+        vol = dv.get("volatile") or {}
+        sites = vol.get("sites") or []
+        marks: dict[int, str] = {}
+        for k, s in enumerate(sites, 1):
+            for j, b in enumerate(shown):
+                if b["from"] <= s["offset"] <= (b["to"] if b["to"] is not None else math.inf):
+                    marks[j] = (marks[j] + ", " if j in marks else "site ") + f"#{k}"
+        fig = F.divergence_chart([b["label"] for b in shown], [b["requests"] for b in shown],
+                                 h["requests_whole_prompt_seen"], marks)
+        caption = T.divergence_caption(h, sites)
+        section = Section("divergence", "Where sharing stops, and what breaks it", charts=[self._chart(
+            "divergence", fig, caption, "Bar chart of the token position where each request stops sharing")])
+        section.footer.append(T.divergence_summary(h))
+        if dv.get("volatile") is None:
+            section.footer.append("Volatile-content detection does not apply to this trace (hash-id traces: "
+                                  "their ids are prefix-chained).")
+        elif not sites:
+            section.footer.append("Volatile content: none found (no place where requests that share a prefix "
+                                  "differ briefly and then share again).")
+        else:
+            section.tables.append(T.volatile_table(sites))
+            if vol.get("all_moved_bound"):
+                section.footer.append(T.moved_summary(vol, self.an["bound"]))
+        return section
+
+    def _prefix_section(self, tree: dict[str, Any]) -> Section:
+        fig = F.prefix_tree_chart(tree["segments"], tree["namespaces"], tree["total_requests"],
+                                  tree["max_depth_tokens"])
+        top = (self.an.get("prefixes") or {}).get("top", [])
+        caption = T.tree_caption(tree, top)
+        section = Section("prefixes", "Top shared prefixes", charts=[self._chart(
+            "prefix_tree", fig, caption, "Icicle chart of the prompt prefix tree")])
+        if top:
+            section.tables.append(T.prefix_table(top, self.opts.show_text))
+        tr = (self.an.get("prefixes") or {}).get("tree")
+        if tr:
+            section.footer.append(T.tree_summary(tr))
+        if not self.opts.show_text:
+            section.footer.append("Prefixes are named by a content hash; prompt text is left out "
+                                      "(rerun with --show-text to include it).")
+        return section
+
+    def _group_section(self, panels: list[dict[str, Any]]) -> Section:
+        section = Section("groups", "Tenants, adapters and the cost of isolation")
+        iso = self.an.get("isolation")
+        if iso is not None and len(iso) > 1:
+            section.tables.append(T.isolation_table(iso))
+        if not panels:
+            section.paragraphs.append("This trace has no tenants, cache salts or LoRA adapters: one namespace, "
+                                      "nothing to break down.")
+            return section
+        fig = F.group_chart(panels, title=f"Hit rate per group at the chosen capacity ({self._cap_text('apc')})")
+        caption = T.group_caption(self.isolation_overall, {p: _hit_rate(self.runs[p], self.trace) for p in POLICIES})
+        section.charts.append(self._chart("groups", fig, caption, "Bar charts of token hit rate per tenant and "
+                                          "per LoRA adapter, with namespaces honoured and ignored"))
+        return section
+
+    def _recommendation_section(self) -> Section | None:
+        r = self.an.get("recommendation")
+        if not r:
+            return None
+        s = Section("recommendation", "Recommendation (from kvsim analyze)")
+        s.paragraphs.append(f"{r['engine']}, {r['size_text']}" if r.get("size_text") else str(r["engine"]))
+        s.bullets.extend(r.get("reasons", []))
+        changes = r.get("changes") or []
+        if changes:
+            s.tables.append(Table(f"Top changes, by prefill tokens saved ({r.get('metric', 'upper bound')})",
+                                  ["#", "change", "tokens saved", "points"],
+                                  [[str(k), c["change"], T.tokens(c["tokens_saved"]), f"+{c['points']:.1f}"]
+                                   for k, c in enumerate(changes, 1)]))
+        return s
+
+    def _gpu_section(self) -> Section:
+        import base64
+
+        from kvsim.report.gpu import gpu_charts, gpu_fragment, load_validation
+
+        result = load_validation(self.opts.gpu_results)
+        images: dict[str, bytes] = {}
+        for name, fig in gpu_charts(result):
+            images[name] = F.png_bytes(fig)
+            _close(fig)
+        srcs = {f"{k}.png": "data:image/png;base64," + base64.b64encode(v).decode() for k, v in images.items()}
+        return Section("gpu", "GPU validation (kvsim gpu-validate)", fragment=gpu_fragment(result, srcs),
+                       fragment_images=images,
+                       paragraphs=[f"From {Path(self.opts.gpu_results).name}: the simulator's block tables drove a "
+                                   "real paged prefill; reuse and full prefill must agree within the tolerance."])
+
+    def _notes_section(self) -> Section:
+        s = Section("notes", "Definitions and settings")
+        s.bullets.extend(T.definitions())
+        s.tables.append(T.settings_table(self.trace, self.an, self.chosen_sim, self.chosen_source, self.opts,
+                                         self.caps, self.kv_bytes))
+        for note in self.an.get("notes", []):
+            self.notes.append(note)
+        return s
+
+    def _key_numbers(self) -> tuple[list[KeyNumber], dict[str, Any]]:
+        from kvsim.replay.metrics import summarize
+
+        summaries = {p: summarize(self.runs[p], self.trace, self.opts.calibration) for p in POLICIES}
+        numbers = {
+            "upper_bound_token": self.an["bound"]["token"], "upper_bound_radix": self.an["bound"]["radix"],
+            "upper_bound_apc_block16": self.an["bound"]["block16"],
+            "capacity_tokens": dict(self.caps), "capacity_source": self.chosen_source,
+            "hit_rate": {p: summaries[p]["token_hit_rate"] for p in POLICIES},
+            "cached_tokens": {p: summaries[p]["cached_tokens"] for p in POLICIES},
+            "prompt_tokens": {p: summaries[p]["prompt_tokens"] for p in POLICIES},
+            "capacity_for_target": dict(self.target_caps), "target_share": self.opts.target_share,
+            "gpu_seconds_saved": ({p: summaries[p]["prefill_gpu_seconds_saved"] for p in POLICIES}
+                                  if self.opts.calibration is not None else None),
+            "kv_bytes_per_token": self.kv_bytes,
+            "recommendation": (self.an.get("recommendation") or {}).get("engine"),
+        }
+        return T.key_numbers(numbers, summaries, self.an, self.chosen_sim, self.opts), numbers
+
+
+def _cap(value: Any) -> float:
+    return math.inf if value is None else float(value)
+
+
+def _hit_rate(result: Any, trace: Trace) -> float:
+    ok = ~result.rejected
+    p = int(trace.prompt_lengths[ok].sum())
+    return int(result.cached_tokens[ok].sum()) / p if p else 0.0
+
+
+def _fractions(result: Any, trace: Trace) -> np.ndarray:
+    ok = ~result.rejected & (trace.prompt_lengths > 0)
+    return result.cached_tokens[ok] / trace.prompt_lengths[ok]
+
+
+def _close(fig: Any) -> None:
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)

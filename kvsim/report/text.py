@@ -1,0 +1,334 @@
+"""The report's words: number formats, captions (one sentence per chart), tables and key numbers.
+
+Everything here reads plain data (the analyze dict, summaries, rates) and returns strings or
+:class:`~kvsim.report.document.Table` objects; nothing here prints prompt text unless the
+analyze dict carries it (``--show-text``).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from kvsim import __version__
+from kvsim.report.document import KeyNumber, Table
+
+POLICY_SHORT = {"apc": "APC", "radix": "radix"}
+IGNORED = {"salt": "cache salts ignored", "lora": "adapters ignored"}
+COLUMN_NAMES = {"tenant": "tenant", "cache_salt": "cache salt", "lora": "LoRA adapter"}
+
+CAPACITY_INTRO = ("How much of the prompt tokens a cache of a given size serves, replaying the log in arrival "
+                  "order. The dashed lines are the unlimited-cache upper bounds; the vertical line is the "
+                  "capacity used in the rest of the report.")
+BLOCK_INTRO = ("APC caches only full blocks and radix allocates whole pages, so larger units lose the partial "
+               "block at every divergence point; they also change how many blocks fit in the same memory.")
+
+
+# -- formats -------------------------------------------------------------------------------
+
+def pct(x: float | None, digits: int = 1) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{100 * x:.{digits}f}%"
+
+
+def tokens(x: float | int | None) -> str:
+    if x is None or (isinstance(x, float) and math.isinf(x)):
+        return "unlimited"
+    if isinstance(x, float) and math.isnan(x):
+        return "-"
+    return f"{int(round(x)):,}"
+
+
+def human(x: float | int | None) -> str:
+    """12.3M, 450k, 980."""
+    if x is None:
+        return "-"
+    x = float(x)
+    if math.isinf(x):
+        return "unlimited"
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+def gib(tok: float | None, kv_bytes: int | None) -> str:
+    if kv_bytes is None or tok is None or not math.isfinite(tok):
+        return "-"
+    return f"{tok * kv_bytes / 2**30:,.2f} GiB"
+
+
+def capacity_text(cap: float | None, kv_bytes: int | None = None) -> str:
+    if cap is None or not math.isfinite(cap):
+        return "unlimited"
+    return f"{tokens(cap)} tokens" + (f" ({gib(cap, kv_bytes)})" if kv_bytes else "")
+
+
+def policy_label(policy: str, sim: Any) -> str:
+    if policy == "apc":
+        return f"vLLM APC (block {sim.block_size})"
+    if policy == "radix":
+        return f"SGLang radix (page {sim.page_size}, {sim.eviction_policy})"
+    return policy
+
+
+def setting_label(policy: str, settings: dict[str, Any]) -> str:
+    if policy == "apc":
+        return f"APC block {settings.get('block_size')}"
+    if policy == "radix":
+        return f"radix page {settings.get('page_size')} {settings.get('eviction_policy', 'lru')}"
+    return str(policy)
+
+
+def trace_line(shape: dict[str, Any]) -> str:
+    """One line about the trace: size, groups, format (no text)."""
+    parts = [f"{shape['requests']:,} requests", f"{shape['prompt_tokens']:,} prompt tokens"]
+    for key, name in (("sessions", "sessions"), ("tenants", "tenants"), ("cache_salts", "cache salts"),
+                      ("lora_adapters", "LoRA adapters")):
+        if shape.get(key):
+            parts.append(f"{shape[key]:,} {name}")
+    if shape.get("formats"):
+        parts.append("format " + ", ".join(shape["formats"]))
+    if shape.get("tokenizer"):
+        parts.append(f"tokenizer {shape['tokenizer']}")
+    return " · ".join(parts)
+
+
+# -- captions (one sentence each) ----------------------------------------------------------
+
+def capacity_caption(target_caps: dict[str, float | None], share: float, errors: dict[str, float],
+                     from_sweep: bool = False) -> str:
+    reach = [f"{POLICY_SHORT[p]} at {human(c)} tokens" for p, c in target_caps.items() if c is not None]
+    head = (f"Read off the capacity a hit rate needs: {share:.0%} of the unlimited-cache rate takes "
+            + " and ".join(reach) if reach else "Nothing is reused, so no capacity helps")
+    if from_sweep:
+        return head + "; lines are one-pass curves and markers the sweep's exact replays."
+    err = "; ".join(f"{POLICY_SHORT[p]} within {100 * e:.1f} points" for p, e in errors.items())
+    return (head + "; lines are one-pass curves (APC exact, radix approximate) and circles exact replays"
+            + (f" (curve vs replay: {err})" if err else "") + ".")
+
+
+def block_caption(rates: dict[str, dict[int, float]], cap: str) -> str:
+    apc = rates.get("apc", {})
+    radix = rates.get("radix", {})
+    if not apc:
+        return f"Hit rate by block size at {cap}."
+    lo, hi = min(apc), max(apc)
+    text = (f"Smaller blocks share more: at {cap}, APC goes from {pct(apc[lo])} at block {lo} to {pct(apc[hi])} "
+            f"at block {hi}")
+    if 1 in radix:
+        text += f", radix reaches {pct(radix[1])} at page 1"
+    return text + ", and the dashed line is the unlimited-cache bound at each size."
+
+
+def fraction_caption(fractions: dict[str, np.ndarray]) -> str:
+    parts = []
+    for p, f in fractions.items():
+        f = np.asarray(f, np.float64)
+        if len(f):
+            parts.append(f"{POLICY_SHORT[p]}: mean {pct(float(f.mean()))}, {pct(float((f == 0).mean()), 0)} of "
+                         f"requests get nothing, {pct(float((f >= 0.9).mean()), 0)} get 90% or more")
+    return ("Bars on the right are requests served almost entirely from the cache and bars at 0% got nothing ("
+            + "; ".join(parts) + ").")
+
+
+def divergence_caption(h: dict[str, Any], sites: list[dict[str, Any]]) -> str:
+    bins = [b for b in h["bins"] if b["requests"]]
+    total = h["requests_stopping_in_prompt"] + h["requests_whole_prompt_seen"]
+    if not bins or not total:
+        return "No request stops sharing inside its prompt."
+    top = max(bins, key=lambda b: b["requests"])
+    text = (f"Most requests stop sharing at tokens {top['label']} ({pct(top['requests'] / total, 0)} of requests), "
+            f"{pct(h['stops_inside_block_share'], 0)} of stops fall inside a {h['block']}-token block")
+    if sites:
+        text += (f", and the {len(sites)} highlighted site{'s' if len(sites) != 1 else ''} hold volatile content "
+                 "that, moved later in the prompt, would let requests share again")
+    return text + "."
+
+
+def divergence_summary(h: dict[str, Any]) -> str:
+    return (f"Median stop at token {tokens(h['median_stop'])}; {h['requests_whole_prompt_seen']:,} request(s) had "
+            f"their whole prompt seen before.")
+
+
+def tree_caption(tree: dict[str, Any], top: list[dict[str, Any]]) -> str:
+    ranks = f"#1–#{len(top)} mark the top shared prefixes of the table below" if top else "no prefix is shared"
+    thr = tree["min_requests"]
+    return (f"Each box is a prefix shared by the requests under it (width) over the token span it covers (height), "
+            f"children below their parent; {ranks}, grey bands are cache namespaces, and only prefixes shared by "
+            f"{thr} or more requests are drawn ({tree['shared_requests']:,} of {tree['total_requests']:,} "
+            f"requests share a first block).")
+
+
+def group_caption(overall: dict[str, dict[str, float]], base: dict[str, float]) -> str:
+    """``overall``: namespace kind -> policy -> hit rate with it ignored; ``base``: honoured."""
+    costs = [f"{POLICY_SHORT[p]} {100 * (rates[p] - base[p]):+.1f} points with {IGNORED[which]}"
+             for which, rates in overall.items() for p in ("apc", "radix")]
+    text = "Solid bars are each group's hit rate at the chosen capacity"
+    if costs:
+        text += (", hatched bars the same groups if the namespace were shared, so the gap is the cost of "
+                 f"isolation (overall: {'; '.join(costs)})")
+    return text + "."
+
+
+# -- tables -------------------------------------------------------------------------------
+
+def _where(loc: dict[str, Any] | None, offset: bool = False) -> str:
+    if loc is None:
+        return "-"
+    if loc.get("message") is None:
+        return str(loc.get("role", "-"))
+    return f"msg {loc['message']} {loc['role']}" + (f" +{loc['offset_in_message']}" if offset else "")
+
+
+def volatile_table(sites: list[dict[str, Any]]) -> Table:
+    rows = []
+    for k, s in enumerate(sites, 1):
+        mb = s.get("moved_bound")
+        rows.append([f"#{k}", tokens(s["offset"]), _where(s["location"], offset=True), s["kind"],
+                     f"{s['requests_diverging']:,}", tokens(s["median_span_tokens"]),
+                     tokens(s["median_shared_after"]),
+                     f"{pct(mb['token'])} ({mb['token_gain_points']:+.1f})" if mb else "-"])
+        if "text" in s:
+            tx = s["text"]
+            rows.append(["", "text", f"…{tx['before']} [{tx['span']} | {tx['other_span']}] {tx['after']}…",
+                         "", "", "", "", ""])
+    return Table("Volatile content: requests differ here for a short span, then share again. span = median "
+                 "tokens that differ; 'if moved' = token-level upper bound with the span moved after the shared "
+                 "part (gain in points)",
+                 ["site", "token", "where", "kind", "requests", "span", "shared after", "if moved"], rows)
+
+
+def moved_summary(vol: dict[str, Any], bound: dict[str, Any]) -> str:
+    m = vol["all_moved_bound"]
+    return (f"Moving the divergent spans of the {vol['all_moved_sites']} sites that gain, together: token level "
+            f"{pct(bound['token'])} → {pct(m['token'])} (+{m['token_gain_tokens']:,} tokens), APC block 16 "
+            f"{pct(bound['block16'])} → {pct(m['block16'])}.")
+
+
+def prefix_table(top: list[dict[str, Any]], show_text: bool) -> Table:
+    spaces = any(r.get("namespace") for r in top)
+    header = ["#", "prefix id", "tokens", "requests", "sessions", "tokens saved", "ends in", "extends"]
+    header += ["namespace"] if spaces else []
+    header += ["text"] if show_text and any("text" in r for r in top) else []
+    rows = []
+    for r in top:
+        row = [f"#{r['rank']}", r["id"], tokens(r["length"]), f"{r['requests']:,}", f"{r['sessions']:,}",
+               tokens(r["tokens_saved"]), _where(r.get("ends_in")),
+               "-" if r.get("extends") is None else f"#{r['extends']}"]
+        if spaces:
+            row.append(r.get("namespace") or "-")
+        if "text" in header:
+            row.append(r.get("text", ""))
+        rows.append(row)
+    return Table("Top shared prefixes (maximal: some sharer stops here); tokens saved = (requests - 1) × tokens "
+                 "with an unlimited cache", header, rows)
+
+
+def tree_summary(tr: dict[str, Any]) -> str:
+    return (f"Prefix tree at {tr['granularity']}-token blocks: {tr['nodes']:,} nodes, "
+            f"{tr['distinct_first_blocks']:,} distinct first blocks, depth up to {tr['max_depth_tokens']:,} tokens, "
+            f"{tr['branching_nodes']:,} branching nodes with {tr['mean_children_at_branch']:.1f} children on average.")
+
+
+def isolation_table(iso: dict[str, Any]) -> Table:
+    h = iso["honoured"]
+    rows = [["honoured (what the engines do)", pct(h["token"]), pct(h["block16"]), "-", "-"]]
+    for key, name in (("salts_ignored", "cache salts ignored"), ("adapters_ignored", "LoRA adapters ignored"),
+                      ("both_ignored", "both ignored")):
+        if key in iso:
+            r = iso[key]
+            rows.append([name, pct(r["token"]), pct(r["block16"]), tokens(r["token_cost_tokens"]),
+                         f"{r['token_cost_points']:.1f}"])
+    return Table("Cost of isolation with an unlimited cache (upper bound, from kvsim analyze). Ignoring LoRA "
+                 "namespaces is valid only if the adapters leave K/V unchanged",
+                 ["namespaces", "token level", "APC block 16", "cost (tokens)", "cost (points)"], rows)
+
+
+def definitions() -> list[str]:
+    return [
+        "Token hit rate: cached prompt tokens / prompt tokens of the admitted requests (SGLang's cached_tokens / "
+        "prompt_tokens; vLLM's num_cached_tokens summed).",
+        "Upper bound: the share of prompt tokens whose prefix an earlier request already had, with an unlimited "
+        "cache (token level = RadixAttention page 1; APC block 16 = full 16-token blocks); the last prompt token "
+        "is always recomputed.",
+        "Capacity: usable KV cache in tokens (vLLM: (num_gpu_blocks - 1) × block size; SGLang: "
+        "max_total_num_tokens).",
+        "Exact replays run the faithful models of vLLM APC 0.33.0 and SGLang RadixAttention 0.5.23 request by "
+        "request; one-pass curves give every capacity at once (APC: exact wherever no request is rejected; "
+        "radix: an approximation, its error is shown).",
+        "Estimated GPU time saved uses a gpu-validate calibration: fitted prefill seconds with and without the "
+        "cached tokens.",
+        "Privacy: no prompt text appears in this report unless it was made with --show-text.",
+    ]
+
+
+def settings_table(trace: Any, an: dict[str, Any], sim: Any, source: str, opts: Any,
+                   caps: dict[str, float], kv_bytes: int | None) -> Table:
+    rows = [
+        ["sources", ", ".join(trace.meta.sources) or "-"],
+        ["trace", trace_line(an["shape"])],
+        ["capacity", f"APC {capacity_text(caps['apc'], kv_bytes)}; radix {capacity_text(caps['radix'], kv_bytes)}"
+         f" — {source}"],
+        ["engine settings", f"{policy_label('apc', sim)}; {policy_label('radix', sim)}; vLLM profile "
+         f"{sim.engine_version or '0.33 (default)'}"],
+        ["block sizes charted", ", ".join(str(b) for b in opts.block_sizes)],
+        ["model (GiB figures)", opts.model or "none (add --model for GiB)"],
+        ["calibration", "given" if opts.calibration is not None else "none (GPU time not estimated)"],
+        ["prompt text", "shown (--show-text)" if opts.show_text else "left out"],
+        ["kvsim", __version__ + (f" — {opts.command}" if opts.command else "")],
+    ]
+    if trace.meta.skipped_lines:
+        rows.append(["skipped input lines", f"{trace.meta.skipped_lines:,} (--on-error skip)"])
+    return Table("Settings", ["", "value"], rows)
+
+
+# -- key numbers ---------------------------------------------------------------------------
+
+def key_numbers(n: dict[str, Any], summaries: dict[str, dict[str, Any]], an: dict[str, Any], sim: Any,
+                opts: Any) -> list[KeyNumber]:
+    """The cards at the top of the page, from the figures in ``n`` (see ``ReportData.numbers``)."""
+    kv = n["kv_bytes_per_token"]
+    caps = n["capacity_tokens"]
+    out = [KeyNumber("Upper bound (unlimited cache)", pct(n["upper_bound_token"]),
+                     "of prompt tokens reusable at token level; APC 16-token blocks "
+                     + pct(n["upper_bound_apc_block16"]))]
+    for p, name in (("apc", "vLLM APC hit rate"), ("radix", "SGLang radix hit rate")):
+        s = summaries[p]
+        out.append(KeyNumber(name, pct(s["token_hit_rate"]),
+                             f"at {capacity_text(caps[p], kv)} ({policy_label(p, sim).split('(', 1)[1].rstrip(')')})"
+                             + (f"; {s['rejected']:,} request(s) never fit" if s["rejected"] else "")))
+    total = max(n["prompt_tokens"].values())
+    out.append(KeyNumber("Prefill tokens saved",
+                         f"{human(n['cached_tokens']['apc'])} / {human(n['cached_tokens']['radix'])}",
+                         f"APC / radix, of {total:,} prompt tokens at the chosen capacity"))
+    if n["gpu_seconds_saved"] is not None:
+        cal = opts.calibration
+        g = n["gpu_seconds_saved"]
+        out.append(KeyNumber("Estimated GPU time saved", f"{g['apc']:,.1f} s / {g['radix']:,.1f} s",
+                             f"APC / radix prefill GPU-seconds ({cal.model} on {cal.device}, {cal.dtype} calibration)"))
+    else:
+        out.append(KeyNumber("Estimated GPU time saved", "not estimated",
+                             "no calibration given: the saving is shown in tokens (pass --calibration from "
+                             "kvsim gpu-validate for GPU-seconds)"))
+    t = n["capacity_for_target"]
+    share = n["target_share"]
+    apc_cap = t.get("apc")
+    value = "-" if apc_cap is None else (gib(apc_cap, kv) if kv else f"{human(apc_cap)} tokens")
+    detail = (f"KV for {share:.0%} of the upper bound: APC {capacity_text(apc_cap, kv)} (exact curve)"
+              + (f", radix {capacity_text(t['radix'], kv)} (estimate)" if t.get("radix") is not None else ""))
+    if kv is None:
+        detail += "; add --model for GiB"
+    out.append(KeyNumber(f"KV memory for {share:.0%} of the bound", value, detail))
+    r = an.get("recommendation")
+    if r:
+        size, _, why = (r.get("size_text") or "").partition(" (")
+        if r.get("size") is None:  # engine "none": the size text is a sentence
+            size, why = "", (r.get("size_text") or "") + ")"
+        first = (r.get("changes") or [{}])[0].get("change")
+        detail = ([why.rstrip(")")] if why else []) + ([f"biggest fix: {first}"] if first else [])
+        out.append(KeyNumber("Recommendation", f"{r['engine']}" + (f", {size}" if size else ""),
+                             "; ".join(detail) or "see the recommendation below"))
+    return out
