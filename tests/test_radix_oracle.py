@@ -182,3 +182,31 @@ def test_spec_scenarios_on_the_real_flow(tmp_path):
             assert [o.evicted_tokens for o in outs] == r["evicted_tokens"]
             if r["paths"] is not None:
                 assert [tuple(x) for x in r["paths"]] == eng.paths()
+
+
+def test_replay_radix_on_mooncake_matches_sglang(tmp_path):
+    """End to end on a real trace: replay_radix (synthesized replies, hash-id tokens)
+    against the real code, the first 150 Mooncake conversation requests, 200K tokens."""
+    from pathlib import Path
+
+    import kvsim
+    from kvsim.replay.options import SimOptions
+    from kvsim.replay.radix import replay_radix
+    from kvsim.replay.requests import output_token_arrays
+
+    path = Path(__file__).resolve().parents[1] / "traces" / "public" / "conversation_trace.jsonl"
+    if not path.exists():
+        pytest.skip("the bundled Mooncake trace is missing")
+    trace = kvsim.load_trace(path, format="mooncake", limit=150)
+    result = replay_radix(trace, SimOptions(capacity_tokens=200_000))
+    out, off = output_token_arrays(trace)
+    w = Workload([trace.prompt(i).astype(np.int64) for i in range(len(trace))],
+                 [out[off[i]:off[i + 1]] for i in range(len(trace))], [None] * len(trace), [None] * len(trace))
+    cfg = dict(tree="unified", page_size=1, eviction_policy="lru", capacity=200_000, max_context_len=200_000,
+               overlap=True, chunked_prefill_size=4096, finish="length", max_new_tokens=None,
+               eviction_policy_config=None)
+    (real,), = run_oracle([(w, [cfg])], tmp_path)
+    assert list(result.cached_tokens) == real["cached"]
+    assert list(result.evicted_tokens) == real["evicted_tokens"]
+    assert list(result.evictions) == real["evicted_leaves"]
+    assert result.evicted_tokens.sum() > 0 and result.cached_tokens.sum() > 0

@@ -81,6 +81,7 @@ from sglang.srt.runtime_context import get_memory  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 CLIP_MAX_NEW_TOKENS = 4096
+SYNTHETIC_BASE = 1 << 40   # above every real token id
 
 
 class _Clock:
@@ -304,6 +305,10 @@ def _sample(req, outputs: list[int], stop_finish: bool) -> None:
     """process_batch_result_*: append the sampled token and check the finish."""
     j = len(req.output_ids)
     tok = outputs[j] if j < len(outputs) else 0
+    if tok < 0:
+        # kvsim synthesizes unknown replies as distinct negative ids that match nothing;
+        # SGLang would take a negative id for a NaN and stop, so shift them out of range
+        tok = SYNTHETIC_BASE - tok
     req.output_ids.append(tok)
     if stop_finish and j + 1 == len(outputs):
         req.eos_token_ids = {tok}       # the logged reply ends here with a stop token

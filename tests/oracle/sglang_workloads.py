@@ -92,11 +92,18 @@ def write_npz(path: Path, w: Workload, configs: list[dict]) -> None:
     po[1:] = np.cumsum([len(p) for p in w.prompts])
     oo = np.zeros(len(w.outputs) + 1, np.int64)
     oo[1:] = np.cumsum([len(o) for o in w.outputs])
-    np.savez(path, prompt_tok=np.concatenate(w.prompts), prompt_off=po,
-             out_tok=np.concatenate(w.outputs), out_off=oo,
+    np.savez(path, prompt_tok=_narrow(np.concatenate(w.prompts)), prompt_off=po,
+             out_tok=_narrow(np.concatenate(w.outputs)), out_off=oo,
              lora=np.array([code.get(x, -1) for x in w.loras]),
              salt=np.array([code.get(x, -1) for x in w.salts]),
              names=json.dumps(names), configs=json.dumps(configs))
+
+
+def _narrow(a: np.ndarray) -> np.ndarray:
+    """int32 when every id fits (halves the file for long traces)."""
+    if a.size and (a.min() < -(2**31) or a.max() >= 2**31):
+        return a.astype(np.int64)
+    return a.astype(np.int32)
 
 
 def run_oracle(jobs: list[tuple[Workload, list[dict]]], tmp: Path, timeout: int = 600) -> list[list[dict]]:
