@@ -27,6 +27,8 @@ def analyze(
     logs: LogPaths,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the whole report as JSON.",
                                                      rich_help_panel=_OUT, show_default=False)] = None,
+    html: Annotated[Optional[Path], typer.Option("--html", help="Also write the HTML report (PNGs next to it), "
+                                                 "as kvsim report.", rich_help_panel=_OUT, show_default=False)] = None,
     show_text: ShowTextOpt = False,
     model: Annotated[Optional[str], typer.Option(
         "--model", help="Model shape (llama-3-8b, qwen2.5-72b, deepseek-v3, ...) or a HF config.json path: "
@@ -63,6 +65,8 @@ def analyze(
         get_model(model)  # a bad name fails before the log is read
     if json_out is not None:
         check_output_path(json_out, logs)
+    if html is not None:
+        check_output_path(html, logs)
     trace = load_from_cli(logs, fmt, tokenizer, chat_template, trace_block_size, on_error, limit)
     report = run_analysis(trace, opts).to_dict()
     render_report(console, report)
@@ -71,3 +75,9 @@ def analyze(
 
         write_json(json_out, report)
         console.print(f"report written to {json_out}")
+    if html is not None:
+        from kvsim.cli.report import html_report
+        from kvsim.report import ReportOptions
+
+        html_report(html, trace, logs, ReportOptions(block_sizes=opts.block_sizes, top=top, show_text=show_text,
+                                                     model=model), analysis=report)

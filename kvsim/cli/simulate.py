@@ -80,6 +80,9 @@ def simulate(
     calibration: Annotated[Optional[Path], typer.Option(
         "--calibration", help="gpu-validate calibration JSON: estimate TTFT and GPU-seconds saved.",
         rich_help_panel=_OUT, show_default=False)] = None,
+    html: Annotated[Optional[Path], typer.Option(
+        "--html", help="Also write the HTML report at this capacity (PNGs next to it), as kvsim report.",
+        rich_help_panel=_OUT, show_default=False)] = None,
     fmt: FormatOpt = "auto",
     tokenizer: TokenizerOpt = "cl100k_base",
     chat_template: TemplateOpt = "llama3",
@@ -112,7 +115,7 @@ def simulate(
         eviction_policy=eviction_policy, engine_version=engine_version, hash_algo=hash_algo,
         concurrency=concurrency,
     )
-    for out in (json_out, per_request):
+    for out in (json_out, per_request, html):
         if out is not None:
             check_output_path(out, logs)
     calib = None
@@ -133,3 +136,8 @@ def simulate(
 
         write_jsonl(per_request, per_request_rows(trace, runs))
         console.print(f"per-request results written to {per_request}")
+    if html is not None:
+        from kvsim.cli.report import html_report
+        from kvsim.report import ReportOptions
+
+        html_report(html, trace, logs, ReportOptions(sim=options, calibration=calib), runs=runs)

@@ -58,6 +58,9 @@ def sweep(
     json_out: Annotated[Optional[Path], typer.Option(
         "--json", help="Write the table and the smooth curves as JSON.", rich_help_panel=_OUT,
         show_default=False)] = None,
+    html: Annotated[Optional[Path], typer.Option(
+        "--html", help="Also write the HTML report with this sweep's curves (PNGs next to it), as kvsim report.",
+        rich_help_panel=_OUT, show_default=False)] = None,
     fmt: FormatOpt = "auto",
     tokenizer: TokenizerOpt = "cl100k_base",
     chat_template: TemplateOpt = "llama3",
@@ -93,7 +96,7 @@ def sweep(
     if curve_points < 2:
         raise ConfigError(f"--curve-points must be at least 2, got {curve_points}")
     runner = make_executor(executor, jobs)
-    for out in (csv_out, json_out):
+    for out in (csv_out, json_out, html):
         if out is not None:
             check_output_path(out, logs)
     if csv_out is not None and json_out is not None and csv_out.resolve() == json_out.resolve():
@@ -120,3 +123,8 @@ def sweep(
                     "executor": executor, "jobs": jobs}
         write_json(json_out, sweep_json(trace, result, settings))
         console.print(f"sweep written to {json_out}")
+    if html is not None:
+        from kvsim.cli.report import html_report, sweep_report_options
+
+        html_report(html, trace, logs, sweep_report_options(block_size, page_size, eviction_policy, engine_version,
+                                                            model, jobs), sweep_result=result)

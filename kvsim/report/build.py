@@ -244,12 +244,14 @@ class _Builder:
 
     def _series_from_sweep(self, result: Any) -> tuple[list[dict[str, Any]], list[list[str]]]:
         series: list[dict[str, Any]] = []
+        lo, _ = self._capacity_range()
         for c in result.curves:
             if c.policy not in POLICIES:
                 continue
             setting = T.setting_label(c.policy, c.settings)
+            keep = c.capacity_tokens >= lo  # below, the largest requests are rejected
             series.append({"policy": c.policy, "label": f"{setting}: one-pass curve", "setting": setting,
-                           "kind": "curve", "capacity_tokens": c.capacity_tokens, "hit_rate": c.hit_rate})
+                           "kind": "curve", "capacity_tokens": c.capacity_tokens[keep], "hit_rate": c.hit_rate[keep]})
         frame = result.frame
         rows = []
         keys = ["policy", "block_size", "page_size", "eviction_policy"]
