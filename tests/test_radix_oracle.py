@@ -125,8 +125,11 @@ def test_reference_model_matches_sglang(oracle, cfg):
         assert [tuple(x) for x in real["paths"]] == m.tree.paths()
 
 
-def test_spec_scenarios_on_the_real_flow(tmp_path):
-    """§9 scenarios 16-19, 25 and 26 through the real scheduler flow, both trees."""
+def test_scenarios_on_the_real_flow(tmp_path):
+    """§9 scenarios 16-19, 25 and 26, and the waiting-prefix refresh and overlap-order
+    scenarios of test_radix_scenarios.py, through the real scheduler flow, both trees."""
+    from tests.test_radix_scenarios import overlap_workload, refresh_workload
+
     P = list(range(1, 11))
     A, B = list(range(1000, 1100)), list(range(2000, 2120))
     OA, OB = list(range(3000, 3010)), list(range(4000, 4010))
@@ -154,6 +157,10 @@ def test_spec_scenarios_on_the_real_flow(tmp_path):
                      for ov in (False, True) for f in ("length", "stop")]),                   # 25
         (W([([1, 2, 3], [9]), ([4, 5, 6], [9]), ([7, 8, 9], [9]), ([10, 11, 12, 13, 14], [9])]),
          [cfg(tree=t, capacity=13) for t in trees]),                                         # 26
+        (W(refresh_workload()), [cfg(tree=t, capacity=180, eviction_policy=pol) for t in trees
+                                 for pol in ("lru", "lfu")]),                                # refresh
+        (W(overlap_workload()), [cfg(tree=t, capacity=186, overlap=ov) for t in trees
+                                 for ov in (True, False)]),                                  # overlap
     ]
     res = run_oracle(jobs, tmp_path)
     for r in res[0]:
@@ -172,6 +179,10 @@ def test_spec_scenarios_on_the_real_flow(tmp_path):
         assert r["cached"][2:] == expect
     for r in res[5]:
         assert r["evicted_tokens"] == [0, 0, 0, 3] and r["evicted_leaves"] == [0, 0, 0, 1]
+    for r in res[6]:
+        assert r["evicted_tokens"][-1] == (5 if r["config"]["eviction_policy"] == "lru" else 10)
+    for r in res[7]:
+        assert r["evicted_tokens"][-1] == (10 if r["config"]["overlap"] else 0)
     # and kvsim agrees on every one of them
     for (w, cfgs), rs in zip(jobs, res):
         for c, r in zip(cfgs, rs):
@@ -210,3 +221,61 @@ def test_replay_radix_on_mooncake_matches_sglang(tmp_path):
     assert list(result.evicted_tokens) == real["evicted_tokens"]
     assert list(result.evictions) == real["evicted_leaves"]
     assert result.evicted_tokens.sum() > 0 and result.cached_tokens.sum() > 0
+
+
+def test_tree_scenarios_match_the_real_trees():
+    """§9 scenarios 1-14 and 0.5.23's tree rules, on the real trees and on kvsim's."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from kvsim.cache.radix import RadixTree
+    from tests.oracle.sglang_tree_scenarios import scenarios
+    from tests.oracle.sglang_workloads import oracle_python
+
+    script = Path(__file__).with_name("oracle") / "sglang_tree_scenarios.py"
+    proc = subprocess.run([oracle_python(), str(script), "radix", "rust", "python"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    real = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def factory(flavor):
+        class Kv:
+            def __init__(self, page_size=1, policy="lru"):
+                self.t = RadixTree(page_size, policy, flavor)
+                self.slot = 0
+
+            def ins(self, tokens, ns=None, prio=0):
+                v = np.arange(self.slot, self.slot + len(tokens))
+                self.slot += len(tokens)
+                return self.t.insert(np.array(tokens), v, ns, priority=prio)[0]
+
+            def m(self, tokens, ns=None):
+                return self.t.match_prefix(np.array(tokens), ns)[0]
+
+            def node(self, tokens, ns=None):
+                return self.t.match_prefix(np.array(tokens), ns)[1]
+
+            def ev(self, n):
+                return self.t.evict(n)[0]
+
+            def lock(self, node):
+                self.t.lock(node)
+                return node
+
+            def unlock(self, node):
+                self.t.unlock(node)
+
+            def sizes(self):
+                return [self.t.total_size, self.t.evictable_size, self.t.protected_size]
+        return Kv
+
+    mine = {"unified": json.loads(json.dumps(scenarios(factory("unified")))),
+            "classic": json.loads(json.dumps(scenarios(factory("classic"))))}
+    assert real["rust"] == real["python"] == mine["unified"]
+    assert real["radix"] == mine["classic"]
+    # the one place the two trees differ here: a split prefix's creation time (FIFO)
+    assert mine["unified"]["split-creation-fifo"] == [5, 3, 2]
+    assert mine["classic"]["split-creation-fifo"] == [5, 2, 3]
+    assert {k: v for k, v in mine["unified"].items() if k != "split-creation-fifo"} == \
+        {k: v for k, v in mine["classic"].items() if k != "split-creation-fifo"}

@@ -298,3 +298,52 @@ def test_26_eviction_amount(engine, flavor, amount, freed):
     out, m = serve_all(reqs, engine, flavor=flavor, capacity=13, eviction_amount=amount)
     assert [o.evicted_tokens for o in out] == [0, 0, 0, freed]
     assert [o.evicted_leaves for o in out] == [0, 0, 0, freed // 3]
+
+
+# -- rules of 0.5.23's scheduler that random workloads rarely reveal --------------------
+# (both confirmed against the real code: tests/test_radix_oracle.py::test_scenarios_on_the_real_flow)
+
+X = list(range(100, 120))
+N = list(range(200, 210))
+FILLERS = [[1000 + 10 * i + j for j in range(5)] for i in range(40)]
+
+
+def refresh_workload():
+    """X -> N cached long ago, 30 newer 5-token leaves, a full pool; request 32 (a refresh
+    pass) sends X + N[0]: its len-1 match stops at X and would leave N the oldest leaf."""
+    return [(X, [1]), (X + N, [1])] + [(FILLERS[i], [1]) for i in range(30)] + [(X + [200], [1])]
+
+
+def overlap_workload():
+    """The same tree, one free slot, a probe on pass 33 (no refresh) with two output tokens."""
+    return [(X, [1]), (X + N, [1])] + [(FILLERS[i], [1]) for i in range(31)] + [(X + [200], [1, 2])]
+
+
+def test_waiting_prefix_refresh_every_32nd_pass(engine, flavor):
+    """With LRU, every 32nd scheduling pass first matches the waiting request's whole
+    prompt (SchedulePolicy._touch_waiting_prefixes): N is refreshed and a filler goes."""
+    out, _ = serve_all(refresh_workload(), engine, flavor=flavor, capacity=180)
+    assert out[-1].evicted_tokens == 5
+    out, _ = serve_all(refresh_workload(), engine, flavor=flavor, capacity=180, eviction_policy="lfu")
+    assert out[-1].evicted_tokens == 10      # no refresh for other policies: N is evicted whole
+
+
+@pytest.mark.parametrize("overlap, evicted", [(True, 10), (False, 0)])
+def test_overlap_prepares_the_first_decode_before_the_prompt_checkpoint(engine, flavor, overlap, evicted):
+    """Overlap: the first decode slot is allocated (evicting the oldest leaf, N) before the
+    prefill result inserts the prompt; without overlap the insert first finds N[0] in the
+    tree, frees the request's duplicate slot, and the decode step needs no eviction."""
+    out, _ = serve_all(overlap_workload(), engine, flavor=flavor, capacity=186, overlap=overlap)
+    assert out[-1].evicted_tokens == evicted
+
+
+@pytest.mark.parametrize("flavor, order", [("unified", [5, 3, 2]), ("classic", [5, 2, 3])])
+def test_split_keeps_the_creation_time_in_the_unified_tree(flavor, order):
+    """FIFO: the unified tree's split prefix keeps the old edge's creation time, so it goes
+    before a later-created leaf; the classic tree stamps it new (the only §9-style case
+    where the two trees SGLang 0.5.23 ships evict differently)."""
+    t = Tree(flavor, policy="fifo")
+    t.ins(range(1, 9))
+    t.ins([20, 21])
+    t.m([1, 2, 3, 9])
+    assert [t.ev(1), t.ev(1), t.ev(1)] == order

@@ -59,7 +59,7 @@ def make_workload(seed: int, n: int, *, vocab: int = 64, sys_len=(8, 120), turn_
     history: dict[int, tuple[np.ndarray, str | None, str | None]] = {}
     w = Workload([], [], [], [])
     for _ in range(n):
-        if w.prompts and rng.random() < p_retry:
+        if p_retry and w.prompts and rng.random() < p_retry:
             j = int(rng.integers(len(w.prompts)))
             cut = int(rng.integers(1, len(w.prompts[j]) + 1))
             w.prompts.append(w.prompts[j][:cut].copy())
