@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 from pathlib import Path
 
@@ -21,8 +22,13 @@ def _embedded(page: str) -> list[bytes]:
 
 def test_report_writes_the_page_and_the_pngs_next_to_it(tmp_path, capsys):
     out = tmp_path / "report.html"
-    assert run(["report", str(TRACES / "multi_lora.jsonl"), "-o", str(out), "--capacity-tokens", "8000",
-                "--block-sizes", "16,64"]) == 0
+    mask = os.umask(0o022)
+    try:
+        assert run(["report", str(TRACES / "multi_lora.jsonl"), "-o", str(out), "--capacity-tokens", "8000",
+                    "--block-sizes", "16,64"]) == 0
+    finally:
+        os.umask(mask)
+    assert all(p.stat().st_mode & 0o777 == 0o644 for p in tmp_path.iterdir())  # not mkstemp's 0600
     captured = capsys.readouterr()
     assert f"report written to {out}" in " ".join(captured.out.split())
     assert "report: [" in captured.err  # progress, phase by phase

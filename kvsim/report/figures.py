@@ -99,7 +99,7 @@ def capacity_chart(series: Sequence[dict[str, Any]], bounds: dict[str, float] | 
         top = ax.secondary_xaxis("top", functions=(lambda t: t * gib, lambda g: g / gib))
         top.set_xlabel("KV cache memory [GiB]", fontsize=9)
         top.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
-    ax.legend(fontsize=8, loc="lower right", framealpha=0.9)
+    ax.legend(fontsize=8, loc="best", framealpha=0.9)
     return fig
 
 
@@ -216,11 +216,14 @@ def prefix_tree_chart(segments: Sequence[dict[str, Any]], namespaces: Sequence[d
     ax = fig.add_subplot()
     depth = max(max_depth_tokens, 16)
     band = depth * 0.06
+    # the x axis spans the requests that share something; the rest would be blank
+    span = max([s["x0"] + s["width"] for s in segments] + [1])
     for s in segments:
         color = _TREE_COLORS[int(s["tree"]) % len(_TREE_COLORS)]
+        wide = s["width"] / span * 800 > 4  # white edges would wash out boxes a few pixels wide
         ax.add_patch(Rectangle((s["x0"], s["y0"]), s["width"], s["y1"] - s["y0"], facecolor=color,
-                               edgecolor="white", lw=0.6, alpha=0.85))
-        label = _fitting_label(s, total_requests) if (s["y1"] - s["y0"]) >= 0.04 * depth else None
+                               edgecolor="white" if wide else color, lw=0.6 if wide else 0, alpha=0.85))
+        label = _fitting_label(s, span) if (s["y1"] - s["y0"]) >= 0.04 * depth else None
         if label:
             ax.text(s["x0"] + s["width"] / 2, (s["y0"] + s["y1"]) / 2, label, ha="center", va="center",
                     fontsize=7, color="white", fontweight="bold", clip_on=True)
@@ -228,10 +231,10 @@ def prefix_tree_chart(segments: Sequence[dict[str, Any]], namespaces: Sequence[d
         for ns in namespaces:
             ax.add_patch(Rectangle((ns["x0"], -band), ns["width"], band * 0.9, facecolor="#e5e7eb",
                                    edgecolor="white", lw=0.6))
-            if ns["width"] >= 0.06 * total_requests:
+            if ns["width"] >= 0.06 * span:
                 ax.text(ns["x0"] + ns["width"] / 2, -band / 2, ns["label"], ha="center", va="center", fontsize=7,
                         clip_on=True)
-    ax.set_xlim(0, max(total_requests, 1))
+    ax.set_xlim(0, span)
     ax.set_ylim(depth * 1.02, -band if len(namespaces) > 1 else 0)
     ax.yaxis.set_major_formatter(FuncFormatter(tokens_label))
     _style(ax, title, "requests sharing the prefix [count; box width]",

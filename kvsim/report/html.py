@@ -135,7 +135,18 @@ def write_report(data: ReportData, html_path: Path, png_dir: Path | None = None,
              for n, p in paths.items()}
     write_text_atomic(html_path, render_html(data, shown))
     written.append(html_path)
+    for path in written:
+        _readable(path)
     return written
+
+
+def _readable(path: Path) -> None:
+    """Atomic writes go through mkstemp (mode 0600): give the files the usual umask mode."""
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
 
 
 def _write_bytes_atomic(path: Path, payload: bytes) -> None:

@@ -159,7 +159,7 @@ def tree_caption(tree: dict[str, Any], top: list[dict[str, Any]]) -> str:
     return (f"Each box is a prefix shared by the requests under it (width) over the token span it covers (height), "
             f"children below their parent; {ranks}, grey bands are cache namespaces, and only prefixes shared by "
             f"{thr} or more requests are drawn ({tree['shared_requests']:,} of {tree['total_requests']:,} "
-            f"requests share a first block).")
+            f"requests start with one).")
 
 
 def group_caption(overall: dict[str, dict[str, float]], base: dict[str, float]) -> str:
