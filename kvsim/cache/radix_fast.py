@@ -39,6 +39,10 @@ from kvsim.errors import ConfigError
 UNLIMITED = 1 << 62
 
 
+def _ceil_page(x: int, p: int) -> int:
+    return -(-x // p) * p
+
+
 class FNode:
     __slots__ = ("children", "parent", "key", "lock_ref", "last_access_time", "creation_time",
                  "hit_count", "priority", "id", "ns", "tlru_cached_prefix_len", "tlru_history_len",
@@ -383,14 +387,15 @@ class FastRadixEngine:
         while x.parent is not None:
             x.requests += 1
             x = x.parent
-        self.avail += -(-allocated // p) * p - protected
+        self.avail += _ceil_page(allocated, p) - protected
         self.unlock(locked)
         return FastOutcome(cached, False, self.ev_tokens - ev0, self.ev_leaves - lv0, max_new, extend_total)
 
     def _alloc_extend(self, start: int, end: int, allocated: int) -> int:
+        """alloc_for_extend: evict the shortfall (pages > 1: one page extra), take the pages."""
         p = self.page_size
         self.evict_to_free(end - start + (p if p > 1 else 0))
-        self.avail -= (-(-end // p) + (start // -p)) * p if p > 1 else end - start
+        self.avail -= _ceil_page(end, p) - _ceil_page(start, p)
         if self.avail < self.min_avail:
             self.min_avail = self.avail
         return end

@@ -34,7 +34,6 @@ import json
 import os
 import sys
 import time
-import types
 import warnings
 
 warnings.filterwarnings("ignore")
@@ -77,7 +76,6 @@ from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
 from sglang.srt.mem_cache.radix_cache import RadixCache  # noqa: E402
 from sglang.srt.mem_cache.unified_cache.components import ComponentType  # noqa: E402
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
-from sglang.srt.runtime_context import get_memory  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 CLIP_MAX_NEW_TOKENS = 4096
