@@ -58,8 +58,9 @@ def test_page_size_and_capacity_units():
 
 def test_progress_reports_every_request(trace):
     seen = []
-    replay_radix(trace, SimOptions(capacity_tokens=500), progress=seen.append)
-    assert sum(seen) == len(trace)
+    replay_radix(trace, SimOptions(capacity_tokens=500), progress=lambda done, total: seen.append((done, total)))
+    assert seen[-1] == (len(trace), len(trace))
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -43,6 +43,9 @@ def test_unlimited_capacity_is_the_default_and_said(capsys):
     (["--policy", "lfu"], "unknown policy"),
     (["--kv-cache-memory", "20GiB"], "--model"),
     (["--model", "gpt-9", "--gpu", "H100-80GB"], "unknown model"),
+    (["--policy", "radix", "--finish", "eos"], "unknown finish"),
+    (["--policy", "radix", "--radix-tree", "btree"], "unknown radix tree"),
+    (["--policy", "radix", "--eviction-policy", "random"], "unknown radix eviction policy"),
 ])
 def test_bad_configurations_exit_2_with_one_line(args, needle, capsys):
     assert run(["simulate", str(DEMO), "--limit", "5", *args]) == 2
@@ -62,3 +65,13 @@ def test_length_only_traces_are_refused_clearly(capsys):
     azure = ROOT / "traces" / "public" / "AzureLLMInferenceTrace_code.csv"
     assert run(["simulate", str(azure), "--limit", "10"]) == 2
     assert "no prefix information" in capsys.readouterr().err
+
+
+def test_radix_engine_flags_reach_the_model(tmp_path):
+    """--radix-tree/--disable-overlap-schedule/--eviction-policy are passed to the radix replay."""
+    out = tmp_path / "s.json"
+    assert run(["simulate", str(DEMO), "--policy", "radix", "--capacity-tokens", "3000", "--limit", "80",
+                "--radix-tree", "classic", "--eviction-policy", "fifo", "--disable-overlap-schedule",
+                "--json", str(out)]) == 0
+    cfg = json.loads(out.read_text())["policies"]["radix"]["config"]
+    assert cfg["eviction_policy"] == "fifo" and cfg["radix_tree"] == "classic" and cfg["overlap"] is False

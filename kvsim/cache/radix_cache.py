@@ -220,6 +220,8 @@ class RadixCacheModel(PrefixCache):
         limit = max(len(state.prompt) - 1, 0)
         state.prefix_len, state.last_node = self.tree.match_prefix(state.prompt[:limit], state.ns)
         state.protected = state.prefix_len
+        if state.prefix_len:  # the request's slot row starts with the matched KV (prefix_indices)
+            state.row[:state.prefix_len] = self.tree.path_value(state.last_node)[:state.prefix_len]
 
     def add_one_req(self, state: RequestState) -> bool:
         """PrefillAdder.add_one_req for a lone request: admit, lock, maybe chunk."""

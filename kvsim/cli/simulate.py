@@ -13,6 +13,7 @@ from kvsim.cli.options import (FormatOpt, LimitOpt, LogPaths, OnErrorOpt, Templa
 _CAP = "Capacity (one of)"
 _ENG = "Engine settings"
 _OUT = "Output"
+_RAD = "SGLang radix settings"
 
 
 def parse_capacity_tokens(text: str | None) -> float | None:
@@ -62,7 +63,7 @@ def simulate(
     page_size: Annotated[int, typer.Option("--page-size", help="Radix page size (tokens).",
                                            rich_help_panel=_ENG)] = 1,
     eviction_policy: Annotated[str, typer.Option("--eviction-policy", help="Radix eviction policy "
-                                                 "(lru, lfu, fifo, mru, filo, priority, ...).",
+                                                 "(lru, lfu, fifo, mru, filo, priority, slru, tlru).",
                                                  rich_help_panel=_ENG)] = "lru",
     engine_version: Annotated[Optional[str], typer.Option(
         "--engine-version", help="Behaviour profile: vLLM 0.33 (default) or 0.11.", rich_help_panel=_ENG,
@@ -72,6 +73,19 @@ def simulate(
                                            rich_help_panel=_ENG)] = "fast",
     concurrency: Annotated[int, typer.Option("--concurrency", help="1 = sequential replay.",
                                              rich_help_panel=_ENG)] = 1,
+    radix_tree: Annotated[str, typer.Option("--radix-tree", help="SGLang tree: unified (what a default 0.5.23 "
+                                            "server builds) or classic (RadixCache).", rich_help_panel=_RAD)] = "unified",
+    disable_overlap_schedule: Annotated[bool, typer.Option(
+        "--disable-overlap-schedule", help="SGLang's non-overlap scheduler (default: overlap on, as SGLang).",
+        rich_help_panel=_RAD)] = False,
+    chunked_prefill_size: Annotated[Optional[int], typer.Option(
+        "--chunked-prefill-size", help="SGLang's chunk size (-1 off; default: SGLang's for --gpu, else 4096).",
+        rich_help_panel=_RAD, show_default=False)] = None,
+    finish: Annotated[str, typer.Option("--finish", help="How replies end: length (at the logged length) or "
+                                        "stop (a stop token).", rich_help_panel=_RAD)] = "length",
+    eviction_amount: Annotated[str, typer.Option(
+        "--eviction-amount", help="shortfall (SGLang 0.5.23: need - free) or need (older releases).",
+        rich_help_panel=_RAD)] = "shortfall",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the summary as JSON.",
                                                      rich_help_panel=_OUT, show_default=False)] = None,
     per_request: Annotated[Optional[Path], typer.Option(
@@ -114,7 +128,11 @@ def simulate(
         mem_fraction_static=mem_fraction_static, block_size=block_size, page_size=page_size,
         eviction_policy=eviction_policy, engine_version=engine_version, hash_algo=hash_algo,
         concurrency=concurrency,
+        extra=dict(radix_tree=radix_tree, overlap=not disable_overlap_schedule, finish=finish,
+                   eviction_amount=eviction_amount,
+                   **({} if chunked_prefill_size is None else {"chunked_prefill_size": chunked_prefill_size})),
     )
+    _check_settings(names, options)  # fail on bad settings before reading a large log
     for out in (json_out, per_request, html):
         if out is not None:
             check_output_path(out, logs)
@@ -141,3 +159,15 @@ def simulate(
         from kvsim.report import ReportOptions
 
         html_report(html, trace, logs, ReportOptions(sim=options, calibration=calib), runs=runs)
+
+
+def _check_settings(names: list[str], options) -> None:
+    """Resolve each policy's settings once, so bad values fail before the log is read."""
+    if "apc" in names:
+        from kvsim.replay.apc import apc_settings
+
+        apc_settings(options)
+    if "radix" in names:
+        from kvsim.replay.radix import radix_settings
+
+        radix_settings(options)

@@ -41,7 +41,6 @@ def summarize(result: ReplayResult, trace: Trace, calibration: Any = None) -> di
         "computed_tokens": p_ok - c_ok,
         "output_tokens": int(np.maximum(trace.output_lengths, 1)[ok].sum()),
         "token_hit_rate": c_ok / p_ok if p_ok else 0.0,
-        "vllm_logged_hit_rate": hits / queries if queries else 0.0,
         "request_hit_rate": float((cached[ok] > 0).mean()) if ok.any() else 0.0,
         "mean_cached_fraction": float(frac.mean()) if len(frac) else 0.0,
         "evictions": int(result.evictions.sum()),
@@ -50,6 +49,8 @@ def summarize(result: ReplayResult, trace: Trace, calibration: Any = None) -> di
         "peak_used_tokens": int(result.peak_used_tokens),
         "replay_seconds": round(float(result.elapsed_s), 4),
     }
+    if result.policy == "apc":  # the rate vLLM's own log/metrics would show
+        out["vllm_logged_hit_rate"] = hits / queries if queries else 0.0
     for key in ("sglang_logged_hit_rate",):
         if key in result.extra:
             out[key] = result.extra[key]

@@ -118,16 +118,16 @@ def radix_settings(options: SimOptions) -> RadixSettings:
         eviction_amount=amount)
 
 
-def replay_radix(trace: Trace, options: SimOptions, progress: Callable[[int], Any] | None = None,
+def replay_radix(trace: Trace, options: SimOptions, progress: Callable[[int, int], Any] | None = None,
                  engine: str = "fast") -> ReplayResult:
     """Replay ``trace`` one request at a time through SGLang's radix cache.
 
-    ``progress(k)`` is called with the number of requests done since the last call.
+    ``progress(done, total)`` is called now and then with the requests replayed so far.
     """
     return replay_radix_detailed(trace, options, progress, engine)[0]
 
 
-def replay_radix_detailed(trace: Trace, options: SimOptions, progress: Callable[[int], Any] | None = None,
+def replay_radix_detailed(trace: Trace, options: SimOptions, progress: Callable[[int, int], Any] | None = None,
                           engine: str = "fast") -> tuple[ReplayResult, Any]:
     """:func:`replay_radix`, plus the tree at the end (``nodes()``, ``paths()``, ``root``)."""
     if engine not in ENGINES:
@@ -173,10 +173,10 @@ def replay_radix_detailed(trace: Trace, options: SimOptions, progress: Callable[
         cols["max_new"][i] = o.max_new
         cols["extend"][i] = o.extend_tokens
         if progress is not None and i + 1 - done >= step:
-            progress(i + 1 - done)
+            progress(i + 1, n)
             done = i + 1
     if progress is not None and n > done:
-        progress(n - done)
+        progress(n, n)
     elapsed = time.perf_counter() - t0
     peak = eng.peak_used
     ok = ~rejected

@@ -50,7 +50,8 @@ def run_simulation(trace: Trace, policies: list[str], options: SimOptions,
                 results[name] = replay(trace, options)
                 continue
             task = bar.add_task(f"replaying ({name})", total=len(trace))
-            results[name] = replay(trace, options, progress=lambda n, t=task: bar.advance(t, n))
+            # replays report progress(done, total)
+            results[name] = replay(trace, options, progress=lambda done, total, t=task: bar.update(t, completed=done))
             bar.update(task, completed=len(trace))
     return results
 
