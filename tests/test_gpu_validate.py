@@ -117,11 +117,10 @@ def test_overclaimed_cached_tokens_are_caught(monkeypatch):
     assert result.summary()["cached_tokens_differ_from_simulator"] == len(over)
 
 
-def radix_tables_lack_prefix_slots() -> bool:
-    """Known bug (reported to the radix model's owner): RadixCacheModel's admission tables hold
-    zeros instead of the matched prefix's slots, so the prefill would read the padding slot."""
-    if "radix" not in policy_names():
-        return False
+@pytest.mark.skipif("radix" not in policy_names(), reason="the radix replay (kvsim.replay.radix) is not in this build")
+def test_radix_admission_table_holds_the_cached_prefix_slots():
+    """A radix admission's block table starts with the slots of the matched prefix (SGLang's
+    prefix_indices), never the padding slot 0 — the bug gpu-validate first found."""
     from kvsim.cache.base import Request
     from kvsim.cache.radix_cache import RadixCacheModel
 
@@ -130,12 +129,11 @@ def radix_tables_lack_prefix_slots() -> bool:
     for rid in ("a", "b"):
         adm = model.admit(Request(rid, prompt, np.array([99])))
         model.finish(Request(rid, prompt, np.array([99])))
-    return adm.cached_tokens > 0 and bool((adm.block_table[:adm.cached_tokens] == 0).any())
+    assert adm.cached_tokens == 9
+    assert (adm.block_table[:adm.cached_tokens] > 0).all()
 
 
 @pytest.mark.skipif("radix" not in policy_names(), reason="the radix replay (kvsim.replay.radix) is not in this build")
-@pytest.mark.xfail(radix_tables_lack_prefix_slots(), strict=True,
-                   reason="RadixCacheModel admission tables lack the cached prefix's slots (known, reported bug)")
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_radix_reuse_equals_full_prefill(page_size):
     """SGLang radix slot tables (token level at page 1, pages above) drive the pool correctly,
