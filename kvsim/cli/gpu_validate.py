@@ -80,7 +80,7 @@ def gpu_validate(
     saved is compared with the simulator's prediction. Exit code 1 when a check fails.
     """
     from kvsim.cli.options import load_from_cli
-    from kvsim.cli.simulate import parse_capacity_tokens
+    from kvsim.cli.options import parse_capacity_tokens
     from kvsim.errors import ConfigError, KvsimError
     from kvsim.outputs import check_output_path
     from kvsim.replay.options import SimOptions

@@ -75,3 +75,71 @@ def load_from_cli(
         err_console.print(f"skipped {trace.meta.skipped_lines} bad line(s) ({per_file}) because of --on-error skip",
                           highlight=False, markup=False, soft_wrap=True)
     return trace
+
+# -- capacity and engine settings (simulate, report) -------------------------------------
+_CAP = "Capacity (one of)"
+_ENG = "Engine settings"
+
+CapacityTokensOpt = Annotated[Optional[str], typer.Option(
+    "--capacity-tokens", help="Usable KV capacity in tokens, or 'inf' for the unlimited upper bound.",
+    rich_help_panel=_CAP, show_default=False)]
+NumGpuBlocksOpt = Annotated[Optional[int], typer.Option(
+    "--num-gpu-blocks", help="vLLM's num_gpu_blocks (the reserved null block included).",
+    rich_help_panel=_CAP, show_default=False)]
+MaxTotalTokensOpt = Annotated[Optional[int], typer.Option(
+    "--max-total-tokens", help="SGLang's max_total_num_tokens.", rich_help_panel=_CAP, show_default=False)]
+KvCacheMemoryOpt = Annotated[Optional[str], typer.Option(
+    "--kv-cache-memory", help="KV cache memory, e.g. 20GiB (needs --model).", rich_help_panel=_CAP,
+    show_default=False)]
+ModelOpt = Annotated[Optional[str], typer.Option(
+    "--model", help="Model shape (llama-3-8b, qwen2.5-72b, deepseek-v3, ...) or a HF config.json path.",
+    rich_help_panel=_CAP, show_default=False)]
+GpuOpt = Annotated[Optional[str], typer.Option(
+    "--gpu", help="GPU (H100-80GB, H200, A100-80GB, L4, ...): estimate the capacity the engines would get.",
+    rich_help_panel=_CAP, show_default=False)]
+GpuUtilOpt = Annotated[float, typer.Option(
+    "--gpu-memory-utilization", help="vLLM's setting, used with --gpu.", rich_help_panel=_CAP)]
+MemFractionOpt = Annotated[Optional[float], typer.Option(
+    "--mem-fraction-static", help="SGLang's setting, used with --gpu (default: SGLang's own default).",
+    rich_help_panel=_CAP, show_default=False)]
+BlockSizeOpt = Annotated[int, typer.Option("--block-size", help="APC block size (tokens).", rich_help_panel=_ENG)]
+PageSizeOpt = Annotated[int, typer.Option("--page-size", help="Radix page size (tokens).", rich_help_panel=_ENG)]
+EvictionPolicyOpt = Annotated[str, typer.Option(
+    "--eviction-policy", help="Radix eviction policy (lru, lfu, fifo, mru, filo, priority, slru, tlru).",
+    rich_help_panel=_ENG)]
+EngineVersionOpt = Annotated[Optional[str], typer.Option(
+    "--engine-version", help="vLLM behaviour profile: 0.33 (default) or 0.11.", rich_help_panel=_ENG,
+    show_default=False)]
+
+
+def parse_capacity_tokens(text: str | None) -> float | None:
+    """'inf', '1e6', '250000' -> tokens (a float, so that inf is allowed)."""
+    from kvsim.errors import ConfigError
+
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"--capacity-tokens must be a number of tokens or 'inf', got {text!r}") from None
+    if not value > 0:
+        raise ConfigError(f"--capacity-tokens must be positive, got {text!r}")
+    return value
+
+
+def sim_options(capacity_tokens: str | None = None, num_gpu_blocks: int | None = None,
+                max_total_tokens: int | None = None, kv_cache_memory: str | None = None, model: str | None = None,
+                gpu: str | None = None, gpu_memory_utilization: float = 0.9,
+                mem_fraction_static: float | None = None, **settings):
+    """SimOptions from the shared capacity options (strings parsed, bad values -> ConfigError)."""
+    from kvsim.models import get_model, parse_bytes
+    from kvsim.replay.options import SimOptions
+
+    if model is not None:
+        get_model(model)  # a bad name fails before any log is read
+    return SimOptions(
+        capacity_tokens=parse_capacity_tokens(capacity_tokens), num_gpu_blocks=num_gpu_blocks,
+        max_total_tokens=max_total_tokens,
+        kv_cache_memory=None if kv_cache_memory is None else parse_bytes(kv_cache_memory),
+        model=model, gpu=gpu, gpu_memory_utilization=gpu_memory_utilization,
+        mem_fraction_static=mem_fraction_static, **settings)

@@ -7,10 +7,11 @@ from typing import Annotated, Any, Optional
 import typer
 
 from kvsim.cli.app import app, console, err_console
-from kvsim.cli.options import (FormatOpt, LimitOpt, LogPaths, OnErrorOpt, ShowTextOpt, TemplateOpt, TokenizerOpt,
-                               TraceBlockOpt, load_from_cli)
+from kvsim.cli.options import (BlockSizeOpt, CapacityTokensOpt, EngineVersionOpt, EvictionPolicyOpt, FormatOpt,
+                               GpuOpt, GpuUtilOpt, KvCacheMemoryOpt, LimitOpt, LogPaths, MaxTotalTokensOpt,
+                               MemFractionOpt, ModelOpt, NumGpuBlocksOpt, OnErrorOpt, PageSizeOpt, ShowTextOpt,
+                               TemplateOpt, TokenizerOpt, TraceBlockOpt, load_from_cli, sim_options)
 
-_CAP = "Capacity (one of; default: the KV for 90% of the upper bound)"
 _ENG = "Engine settings"
 _OUT = "Output"
 
@@ -42,37 +43,18 @@ def report(
     png_dir: Annotated[Optional[Path], typer.Option(
         "--png-dir", help="Write the PNG charts into this folder (default: next to the HTML file, named "
         "<name>_<chart>.png).", rich_help_panel=_OUT, show_default=False)] = None,
-    capacity_tokens: Annotated[Optional[str], typer.Option(
-        "--capacity-tokens", help="Usable KV capacity in tokens (or 'inf').", rich_help_panel=_CAP,
-        show_default=False)] = None,
-    num_gpu_blocks: Annotated[Optional[int], typer.Option(
-        "--num-gpu-blocks", help="vLLM's num_gpu_blocks (the reserved null block included).", rich_help_panel=_CAP,
-        show_default=False)] = None,
-    max_total_tokens: Annotated[Optional[int], typer.Option(
-        "--max-total-tokens", help="SGLang's max_total_num_tokens.", rich_help_panel=_CAP, show_default=False)] = None,
-    kv_cache_memory: Annotated[Optional[str], typer.Option(
-        "--kv-cache-memory", help="KV cache memory, e.g. 20GiB (needs --model).", rich_help_panel=_CAP,
-        show_default=False)] = None,
-    model: Annotated[Optional[str], typer.Option(
-        "--model", help="Model shape (llama-3-8b, qwen2.5-72b, ...) or a HF config.json: GiB figures; with --gpu, "
-        "the capacity the engines would get.", rich_help_panel=_CAP, show_default=False)] = None,
-    gpu: Annotated[Optional[str], typer.Option(
-        "--gpu", help="GPU (H100-80GB, H200, A100-80GB, L4, ...), with --model.", rich_help_panel=_CAP,
-        show_default=False)] = None,
-    gpu_memory_utilization: Annotated[float, typer.Option(
-        "--gpu-memory-utilization", help="vLLM's setting, used with --gpu.", rich_help_panel=_CAP)] = 0.9,
-    mem_fraction_static: Annotated[Optional[float], typer.Option(
-        "--mem-fraction-static", help="SGLang's setting, used with --gpu (default: SGLang's own default).",
-        rich_help_panel=_CAP, show_default=False)] = None,
-    block_size: Annotated[int, typer.Option("--block-size", help="APC block size (tokens).",
-                                            rich_help_panel=_ENG)] = 16,
-    page_size: Annotated[int, typer.Option("--page-size", help="Radix page size (tokens).",
-                                           rich_help_panel=_ENG)] = 1,
-    eviction_policy: Annotated[str, typer.Option("--eviction-policy", help="Radix eviction policy.",
-                                                 rich_help_panel=_ENG)] = "lru",
-    engine_version: Annotated[Optional[str], typer.Option(
-        "--engine-version", help="vLLM behaviour profile: 0.33 (default) or 0.11.", rich_help_panel=_ENG,
-        show_default=False)] = None,
+    capacity_tokens: CapacityTokensOpt = None,
+    num_gpu_blocks: NumGpuBlocksOpt = None,
+    max_total_tokens: MaxTotalTokensOpt = None,
+    kv_cache_memory: KvCacheMemoryOpt = None,
+    model: ModelOpt = None,
+    gpu: GpuOpt = None,
+    gpu_memory_utilization: GpuUtilOpt = 0.9,
+    mem_fraction_static: MemFractionOpt = None,
+    block_size: BlockSizeOpt = 16,
+    page_size: PageSizeOpt = 1,
+    eviction_policy: EvictionPolicyOpt = "lru",
+    engine_version: EngineVersionOpt = None,
     block_sizes: Annotated[str, typer.Option("--block-sizes", help="Block and page sizes of the block-size chart.",
                                              rich_help_panel=_ENG)] = "16,32,64,128,256,512",
     top: Annotated[int, typer.Option("--top", help="Shared prefixes and divergence sites listed.")] = 10,
@@ -104,26 +86,15 @@ def report(
     KV needed for 90% of the upper bound. No prompt text unless --show-text.
     """
     from kvsim.analyze.options import parse_block_sizes
-    from kvsim.cli.simulate import parse_capacity_tokens
     from kvsim.errors import ConfigError
-    from kvsim.models import parse_bytes
     from kvsim.outputs import check_output_path
-    from kvsim.replay.options import SimOptions
     from kvsim.report import ReportOptions
 
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {jobs}")
-    if model is not None:
-        from kvsim.models import get_model
-
-        get_model(model)  # a bad name fails before the log is read
-    sim = SimOptions(
-        capacity_tokens=parse_capacity_tokens(capacity_tokens), num_gpu_blocks=num_gpu_blocks,
-        max_total_tokens=max_total_tokens,
-        kv_cache_memory=None if kv_cache_memory is None else parse_bytes(kv_cache_memory),
-        model=model, gpu=gpu, gpu_memory_utilization=gpu_memory_utilization,
-        mem_fraction_static=mem_fraction_static, block_size=block_size, page_size=page_size,
-        eviction_policy=eviction_policy, engine_version=engine_version)
+    sim = sim_options(capacity_tokens, num_gpu_blocks, max_total_tokens, kv_cache_memory, model, gpu,
+                      gpu_memory_utilization, mem_fraction_static, block_size=block_size, page_size=page_size,
+                      eviction_policy=eviction_policy, engine_version=engine_version)
     calib = None
     if calibration is not None:
         from kvsim.gpu.calibration import Calibration

@@ -7,28 +7,14 @@ from typing import Annotated, Optional
 import typer
 
 from kvsim.cli.app import app, console
-from kvsim.cli.options import (FormatOpt, LimitOpt, LogPaths, OnErrorOpt, TemplateOpt, TokenizerOpt,
-                               TraceBlockOpt, load_from_cli)
+from kvsim.cli.options import (BlockSizeOpt, CapacityTokensOpt, EngineVersionOpt, EvictionPolicyOpt, FormatOpt,
+                               GpuOpt, GpuUtilOpt, KvCacheMemoryOpt, LimitOpt, LogPaths, MaxTotalTokensOpt,
+                               MemFractionOpt, ModelOpt, NumGpuBlocksOpt, OnErrorOpt, PageSizeOpt, TemplateOpt,
+                               TokenizerOpt, TraceBlockOpt, load_from_cli, sim_options)
 
-_CAP = "Capacity (one of)"
 _ENG = "Engine settings"
 _OUT = "Output"
 _RAD = "SGLang radix settings"
-
-
-def parse_capacity_tokens(text: str | None) -> float | None:
-    """'inf', '1e6', '250000' -> tokens (float so that inf is allowed)."""
-    from kvsim.errors import ConfigError
-
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"--capacity-tokens must be a number of tokens or 'inf', got {text!r}") from None
-    if not value > 0:
-        raise ConfigError(f"--capacity-tokens must be positive, got {text!r}")
-    return value
 
 
 @app.command()
@@ -36,38 +22,18 @@ def simulate(
     logs: LogPaths,
     policy: Annotated[str, typer.Option("--policy", "-p", help="apc (vLLM APC), radix (SGLang RadixAttention), "
                                         "a comma list, or all.")] = "apc",
-    capacity_tokens: Annotated[Optional[str], typer.Option(
-        "--capacity-tokens", help="Usable KV capacity in tokens, or 'inf' for the unlimited upper bound.",
-        rich_help_panel=_CAP, show_default=False)] = None,
-    num_gpu_blocks: Annotated[Optional[int], typer.Option(
-        "--num-gpu-blocks", help="vLLM's num_gpu_blocks (the reserved null block included).",
-        rich_help_panel=_CAP, show_default=False)] = None,
-    max_total_tokens: Annotated[Optional[int], typer.Option(
-        "--max-total-tokens", help="SGLang's max_total_num_tokens.", rich_help_panel=_CAP, show_default=False)] = None,
-    kv_cache_memory: Annotated[Optional[str], typer.Option(
-        "--kv-cache-memory", help="KV cache memory, e.g. 20GiB (needs --model).", rich_help_panel=_CAP,
-        show_default=False)] = None,
-    model: Annotated[Optional[str], typer.Option(
-        "--model", help="Model shape (llama-3-8b, qwen2.5-72b, deepseek-v3, ...) or a HF config.json path.",
-        rich_help_panel=_CAP, show_default=False)] = None,
-    gpu: Annotated[Optional[str], typer.Option(
-        "--gpu", help="GPU (H100-80GB, H200, A100-80GB, L4, ...): estimate the capacity the engine would get.",
-        rich_help_panel=_CAP, show_default=False)] = None,
-    gpu_memory_utilization: Annotated[float, typer.Option(
-        "--gpu-memory-utilization", help="vLLM's setting, used with --gpu.", rich_help_panel=_CAP)] = 0.9,
-    mem_fraction_static: Annotated[Optional[float], typer.Option(
-        "--mem-fraction-static", help="SGLang's setting, used with --gpu (default: SGLang's own default).",
-        rich_help_panel=_CAP, show_default=False)] = None,
-    block_size: Annotated[int, typer.Option("--block-size", help="APC block size (tokens).",
-                                            rich_help_panel=_ENG)] = 16,
-    page_size: Annotated[int, typer.Option("--page-size", help="Radix page size (tokens).",
-                                           rich_help_panel=_ENG)] = 1,
-    eviction_policy: Annotated[str, typer.Option("--eviction-policy", help="Radix eviction policy "
-                                                 "(lru, lfu, fifo, mru, filo, priority, slru, tlru).",
-                                                 rich_help_panel=_ENG)] = "lru",
-    engine_version: Annotated[Optional[str], typer.Option(
-        "--engine-version", help="Behaviour profile: vLLM 0.33 (default) or 0.11.", rich_help_panel=_ENG,
-        show_default=False)] = None,
+    capacity_tokens: CapacityTokensOpt = None,
+    num_gpu_blocks: NumGpuBlocksOpt = None,
+    max_total_tokens: MaxTotalTokensOpt = None,
+    kv_cache_memory: KvCacheMemoryOpt = None,
+    model: ModelOpt = None,
+    gpu: GpuOpt = None,
+    gpu_memory_utilization: GpuUtilOpt = 0.9,
+    mem_fraction_static: MemFractionOpt = None,
+    block_size: BlockSizeOpt = 16,
+    page_size: PageSizeOpt = 1,
+    eviction_policy: EvictionPolicyOpt = "lru",
+    engine_version: EngineVersionOpt = None,
     hash_algo: Annotated[str, typer.Option("--hash-algo", help="APC block hash: fast, sha256 or sha256_cbor "
                                            "(the last two reproduce vLLM's hash bytes).",
                                            rich_help_panel=_ENG)] = "fast",
@@ -113,21 +79,15 @@ def simulate(
     [bold]evictions[/] = blocks (APC) or leaves (radix) evicted. Without a capacity option the
     cache is unlimited (the upper bound).
     """
-    from kvsim.models import parse_bytes
     from kvsim.outputs import check_output_path
-    from kvsim.replay.options import SimOptions
     from kvsim.cache.registry import resolve_policies
     from kvsim.replay.simulate import run_simulation, render_simulation, simulation_json, per_request_rows
 
     names = resolve_policies(policy)
-    options = SimOptions(
-        capacity_tokens=parse_capacity_tokens(capacity_tokens), num_gpu_blocks=num_gpu_blocks,
-        max_total_tokens=max_total_tokens,
-        kv_cache_memory=None if kv_cache_memory is None else parse_bytes(kv_cache_memory),
-        model=model, gpu=gpu, gpu_memory_utilization=gpu_memory_utilization,
-        mem_fraction_static=mem_fraction_static, block_size=block_size, page_size=page_size,
-        eviction_policy=eviction_policy, engine_version=engine_version, hash_algo=hash_algo,
-        concurrency=concurrency,
+    options = sim_options(
+        capacity_tokens, num_gpu_blocks, max_total_tokens, kv_cache_memory, model, gpu, gpu_memory_utilization,
+        mem_fraction_static, block_size=block_size, page_size=page_size, eviction_policy=eviction_policy,
+        engine_version=engine_version, hash_algo=hash_algo, concurrency=concurrency,
         extra=dict(radix_tree=radix_tree, overlap=not disable_overlap_schedule, finish=finish,
                    eviction_amount=eviction_amount,
                    **({} if chunked_prefill_size is None else {"chunked_prefill_size": chunked_prefill_size})),
