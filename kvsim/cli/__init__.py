@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import sys
 
-import click
 import typer
 from rich.markup import escape
 
@@ -20,17 +19,31 @@ for _name in _COMMAND_MODULES:
         importlib.import_module(f"kvsim.cli.{_name}")
 
 
+def _usage_error_types() -> tuple[type[BaseException], ...]:
+    """Typer's usage-error classes: recent Typer vendors click, older ones use click itself."""
+    types: list[type[BaseException]] = []
+    if hasattr(typer, "TyperException"):
+        types.append(typer.TyperException)
+    try:
+        import click
+
+        types.append(click.ClickException)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI with ``argv`` and return the exit code (used by ``main`` and tests)."""
     command = typer.main.get_command(app)
     try:
         rv = command.main(args=argv, prog_name="kvsim", standalone_mode=False)
-    except click.exceptions.Exit as e:
+    except typer.Exit as e:
         return e.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         err_console.print("aborted")
         return 130
-    except click.ClickException as e:
+    except _usage_error_types() as e:
         e.show()
         return e.exit_code
     except KvsimError as e:
