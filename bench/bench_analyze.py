@@ -30,17 +30,16 @@ from pathlib import Path
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from common import pin_to_one_cpu  # noqa: E402
+
+
+def _pinned() -> str:
+    cpu = pin_to_one_cpu()
+    return "not pinned" if cpu is None else f"pinned to CPU {cpu}"
+
+
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT / "traces" / "public" / "conversation_trace.jsonl"
-
-
-def pin_one_core() -> str:
-    try:
-        cpu = min(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cpu})
-        return f"pinned to CPU {cpu}"
-    except (AttributeError, OSError):
-        return "not pinned"
 
 
 def generate_tokens_log(path: Path, requests: int) -> None:
@@ -90,7 +89,7 @@ def main() -> None:
     ap.add_argument("--only", choices=("mooncake", "tokens"))
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
-    pinned = pin_one_core()
+    pinned = _pinned()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         if args.only in (None, "mooncake"):

@@ -38,44 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvsim.io.trace import Trace  # noqa: E402
+from common import pin_to_one_cpu, synthetic_chat  # noqa: E402
 from kvsim.replay.options import SimOptions  # noqa: E402
 from kvsim.replay.radix import replay_radix  # noqa: E402
 from kvsim.replay.requests import output_token_arrays  # noqa: E402
 
 MOONCAKE = ROOT / "traces" / "public" / "conversation_trace.jsonl"
 DRIVER = ROOT / "tests" / "oracle" / "sglang_driver.py"
-
-
-def synthetic_chat(seed: int = 0, sessions: int = 1000) -> Trace:
-    """Multi-turn chats: 8 shared system prompts, 1-12 turns, replies resent in later turns."""
-    rng = np.random.default_rng(seed)
-    systems = [rng.integers(0, 100_000, int(rng.integers(300, 2500))) for _ in range(8)]
-    turns_left = rng.integers(1, 13, sessions)
-    history = [systems[int(rng.integers(8))] for _ in range(sessions)]
-    open_ = list(range(sessions))
-    prompts, outputs = [], []
-    while open_:
-        k = int(rng.integers(len(open_)))  # interleave sessions at random
-        s = open_[k]
-        prompt = np.concatenate([history[s], rng.integers(0, 100_000, int(rng.integers(10, 400)))])
-        reply = rng.integers(0, 100_000, int(rng.integers(20, 500)))
-        prompts.append(prompt)
-        outputs.append(reply)
-        history[s] = np.concatenate([prompt, reply])
-        turns_left[s] -= 1
-        if turns_left[s] == 0:
-            open_[k] = open_[-1]
-            open_.pop()
-    return Trace.from_prompts(prompts, outputs=outputs)
-
-
-def pin_to_one_cpu() -> int | None:
-    """Run this process (and the SGLang subprocess it starts) on one CPU."""
-    if not hasattr(os, "sched_setaffinity"):
-        return None
-    cpu = min(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {cpu})
-    return cpu
 
 
 def write_workload(trace: Trace, path: Path, configs: list[dict]) -> None:

@@ -38,19 +38,18 @@ from pathlib import Path
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from common import pin_to_one_cpu  # noqa: E402
+
+
+def _pinned() -> str:
+    cpu = pin_to_one_cpu()
+    return "not pinned" if cpu is None else f"pinned to CPU {cpu}"
+
+
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = {"conversation": ROOT / "traces" / "public" / "conversation_trace.jsonl",
           "synthetic": ROOT / "traces" / "public" / "synthetic_trace.jsonl"}
 SETTINGS = ("apc:16", "radix:1", "radix:16")
-
-
-def pin_one_core() -> str:
-    try:
-        cpu = min(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cpu})
-        return f"pinned to CPU {cpu}"
-    except (AttributeError, OSError):
-        return "not pinned"
 
 
 def timed(fn):
@@ -173,7 +172,7 @@ def main() -> int:
     parser.add_argument("--random", type=int, default=0, metavar="N",
                         help="measure the error on N random workloads instead")
     args = parser.parse_args()
-    pinned = pin_one_core()
+    pinned = _pinned()
     if args.random:
         random_accuracy(args.random)
         return 0
