@@ -109,26 +109,11 @@ def _curve(curve_model, trace, policy, kw, usable):
 
 
 def random_workload(seed: int, n: int = 300):
-    """Same generator as tests/test_sweep_curves.py::workload (aligned, logprobs, namespaces)."""
-    import numpy as np
+    """The tests' random workload (tests/test_sweep_curves.py::workload) with every feature on."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_sweep_curves import workload
 
-    from kvsim.io.trace import Trace
-
-    rng = np.random.default_rng(seed)
-    systems = [list(rng.integers(0, 50, rng.integers(1, 40))) for _ in range(8)]
-    prompts: list[list[int]] = []
-    for _ in range(n):
-        if prompts and rng.random() < 0.5:
-            p = list(prompts[rng.integers(len(prompts))])[: rng.integers(1, 60)]
-        else:
-            p = list(systems[rng.integers(len(systems))])
-        p += list(rng.integers(0, 50, rng.integers(0, 30)))
-        prompts.append(p or [7])
-    salts = [f"t{rng.integers(2)}" if rng.random() < 0.3 else None for _ in range(n)]
-    loras = [f"a{rng.integers(2)}" if rng.random() < 0.2 else None for _ in range(n)]
-    logprob = [bool(rng.random() < 0.1) for _ in range(n)]
-    return Trace.from_prompts(prompts, output_lengths=rng.integers(1, 12, n).tolist(), cache_salts=salts,
-                              loras=loras, prompt_logprobs=logprob)
+    return workload(seed, n=n, aligned=True, logprobs=True, namespaces=True)
 
 
 def random_accuracy(seeds: int) -> None:

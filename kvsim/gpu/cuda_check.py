@@ -81,25 +81,9 @@ def correctness(device, heads: int = 32, d: int = 128, n: int = 200, pages=(1, 1
 
 def _time(fn, device, warmup: int = 3, repeats: int = 20) -> float:
     """Median seconds of ``fn`` (CUDA events on a GPU)."""
-    import torch
+    from kvsim.gpu.timing import median_seconds
 
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2]
+    return median_seconds(fn, device, repeats, warmup)
 
 
 def speed(device, page: int = 16, shapes=tuple(SPEED_SHAPES), model: str = "llama-3-8b-shape",

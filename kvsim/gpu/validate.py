@@ -18,8 +18,6 @@ For each request of a trace slice, in order (the sequential replay):
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -215,6 +213,7 @@ class _Timer:
         import torch
 
         self.torch = torch
+        self.device = device
         self.cuda = device.type == "cuda"
 
     def sync(self) -> None:
@@ -222,21 +221,9 @@ class _Timer:
             self.torch.cuda.synchronize()
 
     def __call__(self, fn: Callable[[], Any], repeats: int) -> float:
-        times = []
-        for _ in range(repeats):
-            if self.cuda:
-                start = self.torch.cuda.Event(enable_timing=True)
-                end = self.torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        from kvsim.gpu.timing import median_seconds
+
+        return median_seconds(fn, self.device, repeats)
 
 
 # -- the flow ----------------------------------------------------------------------------
