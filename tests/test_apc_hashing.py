@@ -6,7 +6,7 @@ import pickle
 import numpy as np
 import pytest
 
-from kvsim.cache import hashing
+from kvsim.cache.apc import hashing
 from kvsim.errors import ConfigError
 
 # Golden vectors from vLLM 0.33.0 itself (get_request_block_hasher, block size 4, tokens

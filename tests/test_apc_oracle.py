@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent / "oracle"))
 import vllm_client
 from vllm_workloads import Mix, random_trace
 
-from kvsim.cache import hashing
+from kvsim.cache.apc import hashing
 from kvsim.io.trace import Trace
 from kvsim.replay.apc import replay_apc_detailed
 from kvsim.replay.options import SimOptions

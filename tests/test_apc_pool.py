@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.cache.block_pool import BlockHashMap, BlockPool, FreeQueue
+from kvsim.cache.apc.pool import BlockHashMap, BlockPool, FreeQueue
 
 
 def test_free_queue_operations():

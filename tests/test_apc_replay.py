@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "oracle"))
 from vllm_workloads import Mix, random_trace
 
-from kvsim.cache.apc_metrics import CachingMetrics, PrefixCacheStats, sequential_hit_rate_figures
+from kvsim.cache.apc.metrics import CachingMetrics, PrefixCacheStats, sequential_hit_rate_figures
 from kvsim.cache.registry import get_replayer
 from kvsim.errors import ConfigError, KvsimError
 from kvsim.io.trace import Trace

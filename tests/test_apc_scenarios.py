@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.cache import hashing
-from kvsim.cache.apc import PROFILES, APCManager, BlockHasher, Sequence
-from kvsim.cache.apc_metrics import CachingMetrics, PrefixCacheStats
-from kvsim.cache.block_pool import BlockPool
+from kvsim.cache.apc import hashing
+from kvsim.cache.apc.reference import PROFILES, APCManager, BlockHasher, Sequence
+from kvsim.cache.apc.metrics import CachingMetrics, PrefixCacheStats
+from kvsim.cache.apc.pool import BlockPool
 
 B = 16
 C48 = [0] * 16 + [1] * 16 + [2] * 16

@@ -122,7 +122,7 @@ def test_radix_admission_table_holds_the_cached_prefix_slots():
     """A radix admission's block table starts with the slots of the matched prefix (SGLang's
     prefix_indices), never the padding slot 0 — the bug gpu-validate first found."""
     from kvsim.cache.base import Request
-    from kvsim.cache.radix_cache import RadixCacheModel
+    from kvsim.cache.radix.reference import RadixCacheModel
 
     model = RadixCacheModel(page_size=1)
     prompt = np.arange(10)

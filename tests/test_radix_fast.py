@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from kvsim.cache.base import Request
-from kvsim.cache.radix_cache import RadixCacheModel, namespace
-from kvsim.cache.radix_fast import FastRadixEngine
-from kvsim.cache.tree_stats import tree_report
+from kvsim.cache.radix.reference import RadixCacheModel, namespace
+from kvsim.cache.radix.fast import FastRadixEngine
+from kvsim.cache.radix.stats import tree_report
 from tests.oracle.sglang_workloads import make_workload
 
 POLICIES = ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru"]

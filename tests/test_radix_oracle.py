@@ -28,8 +28,8 @@ import numpy as np
 import pytest
 
 from kvsim.cache.base import Request
-from kvsim.cache.radix_cache import RadixCacheModel, namespace
-from kvsim.cache.radix_fast import FastRadixEngine
+from kvsim.cache.radix.reference import RadixCacheModel, namespace
+from kvsim.cache.radix.fast import FastRadixEngine
 from tests.oracle.sglang_workloads import Workload, add_logprob_requests, make_workload, run_oracle
 
 pytestmark = pytest.mark.oracle
@@ -358,7 +358,7 @@ def test_tree_scenarios_match_the_real_trees():
     import subprocess
     from pathlib import Path
 
-    from kvsim.cache.radix import RadixTree
+    from kvsim.cache.radix.tree import RadixTree
     from tests.oracle.sglang_tree_scenarios import scenarios
     from tests.oracle.sglang_workloads import oracle_python
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from kvsim.cache.base import Request
-from kvsim.cache.radix import RadixTree
-from kvsim.cache.radix_cache import RadixCacheModel
-from kvsim.cache.radix_fast import FastRadixEngine
+from kvsim.cache.radix.tree import RadixTree
+from kvsim.cache.radix.reference import RadixCacheModel
+from kvsim.cache.radix.fast import FastRadixEngine
 
 FLAVORS = ["unified", "classic"]
 

@@ -11,7 +11,7 @@ import json
 import pytest
 
 import kvsim
-from kvsim.cache.tree_stats import format_tree
+from kvsim.cache.radix.stats import format_tree
 from kvsim.replay.options import SimOptions
 from kvsim.replay.radix import replay_radix_detailed
 

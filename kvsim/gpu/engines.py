@@ -36,8 +36,8 @@ def _peak_tokens(trace: Trace) -> np.ndarray:
 
 
 def build_apc(trace: Trace, options: SimOptions) -> CacheModel:
-    """vLLM APC (:class:`kvsim.cache.apc.APCCache`), built as ``replay_apc``'s reference engine builds it."""
-    from kvsim.cache.apc import APCCache
+    """vLLM APC (:class:`kvsim.cache.apc.reference.APCCache`), built as ``replay_apc``'s reference engine builds it."""
+    from kvsim.cache.apc.reference import APCCache
     from kvsim.replay.apc import apc_settings, unlimited_num_blocks
 
     st = apc_settings(options)
@@ -59,14 +59,14 @@ def build_apc(trace: Trace, options: SimOptions) -> CacheModel:
 
 
 def build_radix(trace: Trace, options: SimOptions) -> CacheModel:
-    """SGLang RadixAttention (:class:`kvsim.cache.radix_cache.RadixCacheModel`), built as
+    """SGLang RadixAttention (:class:`kvsim.cache.radix.reference.RadixCacheModel`), built as
     ``replay_radix``'s reference engine builds it.
 
     Admission tables hold one slot per token at page size 1 and page ids above it; a
     running request's ``row`` (SGLang's ``req_to_token``) holds one slot per token.
     Slot 0 / page 0 is SGLang's padding and never handed out.
     """
-    from kvsim.cache.radix_cache import RadixCacheModel
+    from kvsim.cache.radix.reference import RadixCacheModel
     from kvsim.replay.radix import radix_settings
 
     st = radix_settings(options)

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.cache import hashing
-from kvsim.cache.apc import APCCache, EngineProfile, engine_profile
-from kvsim.cache.apc_metrics import sequential_hit_rate_figures
+from kvsim.cache.apc import hashing
+from kvsim.cache.apc.reference import APCCache, EngineProfile, engine_profile
+from kvsim.cache.apc.metrics import sequential_hit_rate_figures
 from kvsim.errors import ConfigError
 from kvsim.io.trace import Trace
 from kvsim.replay.options import SimOptions
@@ -144,7 +144,7 @@ def _namespaces(trace: Trace, settings: APCSettings) -> tuple[list, list]:
 
 
 def _replay_fast(trace: Trace, settings: APCSettings, progress) -> dict[str, Any]:
-    from kvsim.cache.apc_fast import build_workload, replay_fast
+    from kvsim.cache.apc.fast import build_workload, replay_fast
 
     out, out_off = output_token_arrays(trace)
     lora, salt = _namespaces(trace, settings)
@@ -154,7 +154,7 @@ def _replay_fast(trace: Trace, settings: APCSettings, progress) -> dict[str, Any
     if n is None:
         n = unlimited_num_blocks(np.where(work.prompt_len > 0, work.blocks_needed, 0))
     run = replay_fast(work, n, settings.profile.free_unhashed_to_head, progress)
-    from kvsim.cache.apc_fast import ST_PEAK_IN_USE, ST_PEAK_USED
+    from kvsim.cache.apc.fast import ST_PEAK_IN_USE, ST_PEAK_USED
 
     def final() -> APCFinalState:
         chains = run.state.cached_blocks()

@@ -2,9 +2,9 @@
 
 One request at a time, as an SGLang 0.5.23 server serves requests sent one after the
 other: the scheduler's full call sequence for a lone request (see
-:mod:`kvsim.cache.radix_cache`), so hits and evictions equal SGLang's request for
+:mod:`kvsim.cache.radix.reference`), so hits and evictions equal SGLang's request for
 request (``tests/test_radix_oracle.py``). ``engine="fast"`` (default) runs
-:mod:`kvsim.cache.radix_fast`; ``engine="reference"`` the readable model, which gives
+:mod:`kvsim.cache.radix.fast`; ``engine="reference"`` the readable model, which gives
 identical results, slowly.
 
 Radix-only options live in ``SimOptions.extra`` (defaults = a default SGLang server):
@@ -34,9 +34,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from kvsim.cache.evict_policy import POLICIES, policy_config
-from kvsim.cache.radix_cache import DEFAULT_CHUNKED_PREFILL, EVICTION_AMOUNTS, FINISHES, namespace
-from kvsim.cache.tree_stats import tree_report
+from kvsim.cache.radix.evict import POLICIES, policy_config
+from kvsim.cache.radix.reference import DEFAULT_CHUNKED_PREFILL, EVICTION_AMOUNTS, FINISHES, namespace
+from kvsim.cache.radix.stats import tree_report
 from kvsim.errors import ConfigError
 from kvsim.io.trace import Trace
 from kvsim.replay.options import SimOptions
@@ -150,14 +150,14 @@ def replay_radix_detailed(trace: Trace, options: SimOptions, progress: Callable[
     starts = trace.logprob_start_len
     t0 = time.perf_counter()
     if engine == "fast":
-        from kvsim.cache.radix_fast import FastRadixEngine
+        from kvsim.cache.radix.fast import FastRadixEngine
 
         eng = FastRadixEngine(**settings.engine_kwargs())
         serve = lambda i, fill, L, M: eng.serve(fill, L, M, ns[i], int(starts[i]))  # noqa: E731
         tree_of = lambda: eng  # noqa: E731
     else:
         from kvsim.cache.base import Request
-        from kvsim.cache.radix_cache import RadixCacheModel
+        from kvsim.cache.radix.reference import RadixCacheModel
 
         eng = RadixCacheModel(**settings.engine_kwargs())
 

@@ -161,7 +161,7 @@ def measured_mask(n: int, warmup: float = 0.0) -> np.ndarray:
 
 def _chained_units(trace: Trace, unit: int, hash_algo: str, engine_version: str | None):
     """APC's own block keys (prompt + outputs, namespaces) at block size ``unit``."""
-    from kvsim.cache.apc_fast import build_workload
+    from kvsim.cache.apc.fast import build_workload
     from kvsim.replay.apc import _namespaces, apc_settings
     from kvsim.replay.options import SimOptions
     from kvsim.replay.requests import output_token_arrays
@@ -267,7 +267,7 @@ def block_lru_curve(trace: Trace, block_size: int | None = None, warmup: float =
 
 
 def _namespace_keys(trace: Trace) -> np.ndarray:
-    from kvsim.cache.hashing import namespace_key
+    from kvsim.cache.apc.hashing import namespace_key
 
     out = np.zeros(len(trace), np.uint64)
     for i in np.flatnonzero((trace.cache_salt >= 0) | (trace.lora >= 0)):

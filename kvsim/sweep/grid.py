@@ -138,7 +138,7 @@ def parse_ints(text: str | Sequence[Any], what: str) -> list[int]:
 
 def parse_eviction_policies(text: str | Sequence[Any]) -> list[str]:
     """A comma list of radix eviction policy names (checked against the radix model's list)."""
-    from kvsim.cache.evict_policy import POLICIES
+    from kvsim.cache.radix.evict import POLICIES
 
     out: list[str] = []
     for item in split_list(text, "--eviction-policy"):

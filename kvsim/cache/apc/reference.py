@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvsim.cache import hashing
-from kvsim.cache.apc_metrics import PrefixCacheStats
+from kvsim.cache.apc import hashing
+from kvsim.cache.apc.metrics import PrefixCacheStats
 from kvsim.cache.base import Admission, PrefixCache, Request
-from kvsim.cache.block_pool import Block, BlockPool
+from kvsim.cache.apc.pool import Block, BlockPool
 from kvsim.errors import ConfigError
 
 

@@ -1,5 +1,5 @@
-"""The fast radix engine: the same rules as :mod:`kvsim.cache.radix` and
-:mod:`kvsim.cache.radix_cache`, tuned for replaying long traces.
+"""The fast radix engine: the same rules as :mod:`kvsim.cache.radix.tree` and
+:mod:`kvsim.cache.radix.reference`, tuned for replaying long traces.
 
 What makes it fast, without changing a single decision:
 
@@ -25,9 +25,9 @@ from typing import Hashable
 
 import numpy as np
 
-from kvsim.cache.evict_policy import make_policy
-from kvsim.cache.radix import SCALE
-from kvsim.cache.radix_cache import (
+from kvsim.cache.radix.evict import make_policy
+from kvsim.cache.radix.tree import SCALE
+from kvsim.cache.radix.reference import (
     CLIP_MAX_NEW_TOKENS,
     EVICTION_AMOUNTS,
     FINISHES,
@@ -159,7 +159,7 @@ class FastRadixEngine:
         m = n if eq[n - 1] and eq.all() else int(eq.argmin())
         return m - m % self.page_size
 
-    # -- tree operations (see kvsim.cache.radix for the commented version) ---------
+    # -- tree operations (see kvsim.cache.radix.tree for the commented version) ---------
     def match(self, tokens: np.ndarray, n: int, ns: Hashable) -> tuple[int, FNode]:
         n -= n % self.page_size
         root = self.root

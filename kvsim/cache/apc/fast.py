@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from kvsim.cache import hashing
+from kvsim.cache.apc import hashing
 
 _EMPTY = -1
 

@@ -30,7 +30,7 @@ from typing import Hashable, Iterator
 
 import numpy as np
 
-from kvsim.cache.evict_policy import EvictionPolicy, make_policy
+from kvsim.cache.radix.evict import EvictionPolicy, make_policy
 from kvsim.errors import ConfigError
 
 SCALE = 100_000  # sub-steps per tick for the unified match's per-level stamp offsets

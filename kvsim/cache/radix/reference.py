@@ -30,7 +30,7 @@ in SGLang; kvsim reports it as rejected and goes on. A request whose
 ``logprob_start_len`` exceeds its prompt is refused (HTTP 400) but still runs as a
 one-token placeholder (``logprob_aborts``); kvsim reports it as rejected too.
 
-This module is readable and slow; :mod:`kvsim.cache.radix_fast` is the fast engine
+This module is readable and slow; :mod:`kvsim.cache.radix.fast` is the fast engine
 and is tested against it.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Hashable
 import numpy as np
 
 from kvsim.cache.base import Admission, PrefixCache, Request
-from kvsim.cache.radix import Node, RadixTree
+from kvsim.cache.radix.tree import Node, RadixTree
 from kvsim.errors import ConfigError
 
 CLIP_MAX_NEW_TOKENS = 4096          # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION

@@ -1,6 +1,6 @@
 """A radix tree's shape at a glance: nodes, leaves, tokens, depth, and the largest shared prefixes.
 
-Works on the reference tree (:class:`kvsim.cache.radix.RadixTree`) and the fast engine
+Works on the reference tree (:class:`kvsim.cache.radix.tree.RadixTree`) and the fast engine
 alike: both expose ``nodes()`` (node, depth) with ``key``, ``children``, ``lock_ref`` and
 ``requests`` (finished requests whose inserted sequence covers the node). No token ids
 are reported, only lengths.
