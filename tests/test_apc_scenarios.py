@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from kvsim.cache.apc import hashing
-from kvsim.cache.apc.reference import PROFILES, APCManager, BlockHasher, Sequence
+from kvsim.cache.apc.reference import APCManager, BlockHasher, Sequence
+from kvsim.cache.apc.settings import PROFILES
 from kvsim.cache.apc.metrics import CachingMetrics, PrefixCacheStats
 from kvsim.cache.apc.pool import BlockPool
 

@@ -123,8 +123,9 @@ def test_radix_admission_table_holds_the_cached_prefix_slots():
     prefix_indices), never the padding slot 0 — the bug gpu-validate first found."""
     from kvsim.cache.base import Request
     from kvsim.cache.radix.reference import RadixCacheModel
+    from kvsim.cache.radix.settings import RadixSettings
 
-    model = RadixCacheModel(page_size=1)
+    model = RadixCacheModel(RadixSettings(page_size=1))
     prompt = np.arange(10)
     for rid in ("a", "b"):
         adm = model.admit(Request(rid, prompt, np.array([99])))

@@ -14,6 +14,7 @@ import pytest
 from kvsim.cache.base import Request
 from kvsim.cache.radix.reference import RadixCacheModel, namespace
 from kvsim.cache.radix.fast import FastRadixEngine
+from kvsim.cache.radix.settings import RadixSettings
 from kvsim.cache.radix.stats import tree_report
 from tests.oracle.sglang_workloads import make_workload
 
@@ -21,8 +22,8 @@ POLICIES = ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru"]
 
 
 def both(workload, **kw):
-    ref = RadixCacheModel(**kw)
-    fast = FastRadixEngine(**kw)
+    ref = RadixCacheModel(RadixSettings(**kw))
+    fast = FastRadixEngine(RadixSettings(**kw))
     rows_ref, rows_fast = [], []
     for i, (p, o, lora, salt) in enumerate(zip(workload.prompts, workload.outputs, workload.loras,
                                                  workload.salts)):
@@ -37,17 +38,17 @@ def both(workload, **kw):
 
 
 CASES = [
-    dict(flavor=f, eviction_policy=pol, page_size=p, overlap=ov, finish_mode=fin)
+    dict(tree=f, eviction_policy=pol, page_size=p, overlap=ov, finish=fin)
     for (f, pol), p, ov, fin in itertools.product(
         [(f, pol) for f in ("unified", "classic") for pol in POLICIES if not (f == "classic" and pol == "tlru")],
         (1, 4), (True,), ("length",))
 ] + [
-    dict(flavor="unified", eviction_policy="lru", page_size=16, overlap=ov, finish_mode=fin)
+    dict(tree="unified", eviction_policy="lru", page_size=16, overlap=ov, finish=fin)
     for ov in (True, False) for fin in ("length", "stop")
 ] + [
-    dict(flavor="classic", eviction_policy="lru", page_size=1, overlap=False, finish_mode="stop"),
-    dict(flavor="unified", eviction_policy="lru", page_size=1, eviction_amount="need"),
-    dict(flavor="unified", eviction_policy="fifo", page_size=4, eviction_amount="need", finish_mode="stop",
+    dict(tree="classic", eviction_policy="lru", page_size=1, overlap=False, finish="stop"),
+    dict(tree="unified", eviction_policy="lru", page_size=1, eviction_amount="need"),
+    dict(tree="unified", eviction_policy="fifo", page_size=4, eviction_amount="need", finish="stop",
          max_new_tokens=12),
 ]
 

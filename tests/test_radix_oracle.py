@@ -30,6 +30,7 @@ import pytest
 from kvsim.cache.base import Request
 from kvsim.cache.radix.reference import RadixCacheModel, namespace
 from kvsim.cache.radix.fast import FastRadixEngine
+from kvsim.cache.radix.settings import RadixSettings
 from tests.oracle.sglang_workloads import Workload, add_logprob_requests, make_workload, run_oracle
 
 pytestmark = pytest.mark.oracle
@@ -77,11 +78,12 @@ def oracle(tmp_path_factory):
     return {(p, i): r for (p, (_, cfgs)), rs in zip(zip(WORKLOADS, jobs), results) for i, r in enumerate(rs)}
 
 
-def kvsim_kwargs(cfg: dict) -> dict:
-    return dict(page_size=cfg["page_size"], capacity=cfg["capacity"], eviction_policy=cfg["eviction_policy"],
-                flavor="classic" if cfg["tree"] == "radix" else "unified", overlap=cfg["overlap"],
-                chunked_prefill_size=cfg["chunked_prefill_size"], policy_config=cfg["eviction_policy_config"],
-                finish_mode=cfg["finish"], max_new_tokens=cfg["max_new_tokens"])
+def kvsim_settings(cfg: dict) -> RadixSettings:
+    return RadixSettings(page_size=cfg["page_size"], capacity=cfg["capacity"], eviction_policy=cfg["eviction_policy"],
+                         tree="classic" if cfg["tree"] == "radix" else "unified", overlap=cfg["overlap"],
+                         chunked_prefill_size=cfg["chunked_prefill_size"],
+                         policy_config=cfg["eviction_policy_config"] or {}, finish=cfg["finish"],
+                         max_new_tokens=cfg["max_new_tokens"])
 
 
 def columns(real: dict) -> list[tuple]:
@@ -98,7 +100,7 @@ def test_fast_engine_matches_sglang(oracle, cfg):
     real = oracle[(p, [c for c in CONFIGS if c["page_size"] == p].index(cfg))]
     assert real["config"] == cfg
     w = _workload(p)
-    eng = FastRadixEngine(**kvsim_kwargs(cfg))
+    eng = FastRadixEngine(kvsim_settings(cfg))
     got = []
     for prompt, out, lora, salt in zip(w.prompts, w.outputs, w.loras, w.salts):
         o = eng.serve(np.concatenate([prompt, out]).astype(np.int64), len(prompt), len(out), namespace(lora, salt))
@@ -141,7 +143,7 @@ def logprob_oracle(tmp_path_factory):
 
 
 def _serve_fast(cfg: dict, w: Workload, starts: list[int]) -> tuple[FastRadixEngine, list[tuple]]:
-    eng = FastRadixEngine(**kvsim_kwargs(cfg))
+    eng = FastRadixEngine(kvsim_settings(cfg))
     got = []
     for prompt, out, lora, salt, start in zip(w.prompts, w.outputs, w.loras, w.salts, starts):
         o = eng.serve(np.concatenate([prompt, out]).astype(np.int64), len(prompt), len(out), namespace(lora, salt),
@@ -183,7 +185,7 @@ def test_reference_model_logprob_requests_match_sglang(logprob_oracle, cfg):
     """The readable model on the logprob workloads (a few configurations; it is slow)."""
     real = logprob_oracle[json.dumps(cfg, sort_keys=True)]
     w = _logprob_workload(cfg["page_size"])
-    m = RadixCacheModel(**kvsim_kwargs(cfg))
+    m = RadixCacheModel(kvsim_settings(cfg))
     got = []
     for i, (prompt, out, lora, salt, start) in enumerate(zip(w.prompts, w.outputs, w.loras, w.salts, w.starts())):
         o = m.serve(Request(str(i), prompt, out, lora=lora, cache_salt=salt, logprob_start_len=start))
@@ -216,7 +218,7 @@ def test_reference_model_matches_sglang(oracle, cfg):
     p = cfg["page_size"]
     real = oracle[(p, [c for c in CONFIGS if c["page_size"] == p].index(cfg))]
     w = _workload(p)
-    m = RadixCacheModel(**kvsim_kwargs(cfg))
+    m = RadixCacheModel(kvsim_settings(cfg))
     got = []
     for i, (prompt, out, lora, salt) in enumerate(zip(w.prompts, w.outputs, w.loras, w.salts)):
         o = m.serve(Request(str(i), prompt, out, lora=lora, cache_salt=salt))
@@ -288,7 +290,7 @@ def test_scenarios_on_the_real_flow(tmp_path):
     # and kvsim agrees on every one of them
     for (w, cfgs), rs in zip(jobs, res):
         for c, r in zip(cfgs, rs):
-            eng = FastRadixEngine(**kvsim_kwargs(c))
+            eng = FastRadixEngine(kvsim_settings(c))
             outs = [eng.serve(np.concatenate([p, o]).astype(np.int64), len(p), len(o), None)
                     for p, o in zip(w.prompts, w.outputs)]
             assert [o.cached_tokens for o in outs] == r["cached"]
@@ -318,7 +320,7 @@ def test_logprob_scenarios_on_the_real_flow(tmp_path):
         for r in rs:
             flavor = "classic" if r["config"]["tree"] == "radix" else "unified"
             for engine in ("reference", "fast"):
-                out, total = serve_starts(reqs, engine, flavor=flavor, page_size=page)
+                out, total = serve_starts(reqs, engine, tree=flavor, page_size=page)
                 assert [o.cached_tokens for o in out] == r["cached"]
                 assert [o.rejected for o in out] == [a or b for a, b in zip(r["rejected"], r["aborted"])]
                 assert total == r["tree_total"][-1]

@@ -7,7 +7,8 @@ import pytest
 from kvsim.errors import ConfigError
 from kvsim.io.trace import Trace
 from kvsim.replay.options import SimOptions
-from kvsim.replay.radix import radix_settings, replay_radix, sglang_chunked_prefill_size
+from kvsim.cache.radix.settings import RadixSettings, sglang_chunked_prefill_size
+from kvsim.replay.radix import replay_radix
 from tests.oracle.sglang_workloads import make_workload
 
 
@@ -78,11 +79,11 @@ def test_bad_options_are_config_errors(trace, extra, message):
 
 def test_unknown_policy_and_tlru_config():
     with pytest.raises(ConfigError, match="unknown radix eviction policy"):
-        radix_settings(SimOptions(eviction_policy="random"))
+        RadixSettings.from_options(SimOptions(eviction_policy="random"))
     with pytest.raises(ConfigError, match="threshold"):
         replay_radix(Trace.from_prompts([[1, 2]]), SimOptions(eviction_policy="tlru", extra={"tlru_threshold": 5,
                                                               "tlru_next_prompt_estimate": 9}))
-    s = radix_settings(SimOptions(eviction_policy="SLRU", extra={"slru_protected_threshold": 4}))
+    s = RadixSettings.from_options(SimOptions(eviction_policy="SLRU", extra={"slru_protected_threshold": 4}))
     assert (s.eviction_policy, s.policy_config) == ("slru", {"protected_threshold": 4})
 
 
@@ -90,4 +91,4 @@ def test_chunked_prefill_default_follows_the_gpu():
     assert sglang_chunked_prefill_size(None) == 4096
     assert sglang_chunked_prefill_size("H100-80GB") == 8192
     assert sglang_chunked_prefill_size("B200") == 16384
-    assert radix_settings(SimOptions(gpu="L4", model="llama-3-8b")).chunked_prefill_size == 4096
+    assert RadixSettings.from_options(SimOptions(gpu="L4", model="llama-3-8b")).chunked_prefill_size == 4096

@@ -20,6 +20,14 @@ class Replayer(Protocol):
     def __call__(self, trace, options, progress=None): ...
 
 
+def extra_keys() -> tuple[str, ...]:
+    """The ``SimOptions.extra`` keys some engine reads (each engine's settings list theirs)."""
+    from kvsim.cache.apc.settings import EXTRA_KEYS as APC_KEYS
+    from kvsim.cache.radix.settings import EXTRA_KEYS as RADIX_KEYS
+
+    return (*APC_KEYS, *RADIX_KEYS)
+
+
 def policy_names() -> list[str]:
     """Policies whose implementation is present."""
     names = []

@@ -124,10 +124,10 @@ def simulate(
 def _check_settings(names: list[str], options) -> None:
     """Resolve each policy's settings once, so bad values fail before the log is read."""
     if "apc" in names:
-        from kvsim.replay.apc import apc_settings
+        from kvsim.cache.apc.settings import APCSettings
 
-        apc_settings(options)
+        APCSettings.from_options(options)
     if "radix" in names:
-        from kvsim.replay.radix import radix_settings
+        from kvsim.cache.radix.settings import RadixSettings
 
-        radix_settings(options)
+        RadixSettings.from_options(options)

@@ -37,15 +37,18 @@ def _peak_tokens(trace: Trace) -> np.ndarray:
 
 def build_apc(trace: Trace, options: SimOptions) -> CacheModel:
     """vLLM APC (:class:`kvsim.cache.apc.reference.APCCache`), built as ``replay_apc``'s reference engine builds it."""
-    from kvsim.cache.apc.reference import APCCache
-    from kvsim.replay.apc import apc_settings, unlimited_num_blocks
+    from dataclasses import replace
 
-    st = apc_settings(options)
+    from kvsim.cache.apc.reference import APCCache
+    from kvsim.cache.apc.settings import APCSettings
+    from kvsim.replay.apc import unlimited_num_blocks
+
+    st = APCSettings.from_options(options)
     b = st.block_size
     L = trace.prompt_lengths
     slice_blocks = unlimited_num_blocks(np.where(L > 0, -(-_peak_tokens(trace) // b), 0))
     num_blocks = slice_blocks if st.num_gpu_blocks is None else st.num_gpu_blocks
-    cache = APCCache(num_blocks, b, st.hash_algo, st.profile.version, st.lora_paths)
+    cache = APCCache(replace(st, num_gpu_blocks=num_blocks))
 
     def running_pages(req: Request, n: int) -> np.ndarray | None:
         seq = cache._seqs.get(req.request_id)  # NOTE: no public accessor for a running table yet
@@ -67,13 +70,13 @@ def build_radix(trace: Trace, options: SimOptions) -> CacheModel:
     Slot 0 / page 0 is SGLang's padding and never handed out.
     """
     from kvsim.cache.radix.reference import RadixCacheModel
-    from kvsim.replay.radix import radix_settings
+    from kvsim.cache.radix.settings import RadixSettings
 
-    st = radix_settings(options)
+    st = RadixSettings.from_options(options)
     if st.finish != "length":
         raise ConfigError("gpu-validate follows requests that finish by length only (finish='length')")
     p = st.page_size
-    cache = RadixCacheModel(**st.engine_kwargs())
+    cache = RadixCacheModel(st)
     # unlimited: slots are never reused; a request allocates at most L + M + 1 slots plus a page
     L = trace.prompt_lengths
     slice_pages = int(np.sum(-(-(L + np.maximum(trace.output_lengths, 1) + 1) // p) + 1)) + 2

@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from kvsim.cache.apc import hashing
-from kvsim.cache.apc.reference import APCCache, EngineProfile, engine_profile
+from kvsim.cache.apc.reference import APCCache
+from kvsim.cache.apc.settings import APCSettings
 from kvsim.cache.apc.metrics import sequential_hit_rate_figures
 from kvsim.errors import ConfigError
 from kvsim.io.trace import Trace
@@ -26,47 +27,6 @@ from kvsim.replay.requests import iter_requests, output_token_arrays
 from kvsim.replay.result import ReplayResult
 
 ENGINES = ("fast", "reference")
-
-
-@dataclass(frozen=True)
-class APCSettings:
-    """Resolved APC settings for one replay."""
-
-    block_size: int
-    num_gpu_blocks: int | None   # null block included; None = unlimited
-    hash_algo: str
-    profile: EngineProfile
-    lora_paths: dict[str, str]
-
-    @property
-    def capacity_tokens(self) -> int | None:
-        """Usable KV tokens: (num_gpu_blocks - 1) * block_size."""
-        return None if self.num_gpu_blocks is None else (self.num_gpu_blocks - 1) * self.block_size
-
-
-def apc_settings(options: SimOptions) -> APCSettings:
-    """Check and resolve the options the APC model uses; bad values give a ConfigError."""
-    try:
-        block_size = int(options.block_size)
-    except (TypeError, ValueError):
-        raise ConfigError(f"block size must be a positive integer, got {options.block_size!r}") from None
-    if block_size < 1 or block_size != options.block_size:
-        raise ConfigError(f"block size must be a positive integer, got {options.block_size!r}")
-    from kvsim.models import apc_num_gpu_blocks
-
-    try:
-        num_blocks = apc_num_gpu_blocks(options)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"invalid capacity: {e}") from None
-    if num_blocks is not None and num_blocks < 1:
-        raise ConfigError(f"capacity gives {num_blocks} KV blocks; vLLM needs at least the null block")
-    if getattr(options, "concurrency", 1) != 1:
-        raise ConfigError("the APC model replays sequentially only (--concurrency 1)")
-    lora_paths = options.extra.get("lora_paths") or {}
-    if not isinstance(lora_paths, dict):
-        raise ConfigError("lora_paths must map adapter names to paths")
-    return APCSettings(block_size, num_blocks, hashing.check_algo(options.hash_algo),
-                       engine_profile(options.engine_version), dict(lora_paths))
 
 
 def unlimited_num_blocks(blocks_needed: np.ndarray) -> int:
@@ -99,7 +59,7 @@ def replay_apc_detailed(trace: Trace, options: SimOptions, progress: Callable[[i
 def _replay(trace: Trace, options: SimOptions, progress, engine: str):
     if engine not in ENGINES:
         raise ConfigError(f"unknown APC engine {engine!r}; choose one of {', '.join(ENGINES)}")
-    settings = apc_settings(options)
+    settings = APCSettings.from_options(options)
     trace.require_tokens("the APC simulation")
     t0 = time.perf_counter()
     run = _replay_fast(trace, settings, progress) if engine == "fast" else \
@@ -173,7 +133,7 @@ def _replay_reference(trace: Trace, settings: APCSettings, progress) -> dict[str
         L = trace.prompt_lengths
         M = np.maximum(trace.output_lengths, 1)
         num_blocks = unlimited_num_blocks(np.where(L > 0, -(-(L + M - 1) // B), 0))
-    cache = APCCache(num_blocks, B, settings.hash_algo, settings.profile.version, settings.lora_paths)
+    cache = APCCache(replace(settings, num_gpu_blocks=num_blocks))
     cached = np.zeros(n, np.int64)
     rejected = np.zeros(n, bool)
     evicted = np.zeros(n, np.int64)

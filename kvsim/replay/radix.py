@@ -7,24 +7,7 @@ request (``tests/test_radix_oracle.py``). ``engine="fast"`` (default) runs
 :mod:`kvsim.cache.radix.fast`; ``engine="reference"`` the readable model, which gives
 identical results, slowly.
 
-Radix-only options live in ``SimOptions.extra`` (defaults = a default SGLang server):
-
-==========================  =============================================================
-``radix_tree``              ``"unified"`` (UnifiedRadixCache, what the server builds) or
-                            ``"classic"`` (RadixCache)
-``overlap``                 overlap scheduler on (default ``True``;
-                            ``--disable-overlap-schedule`` = ``False``)
-``chunked_prefill_size``    SGLang's ``--chunked-prefill-size`` (-1 disables); default
-                            from ``--gpu`` as SGLang derives it, else 4096
-``finish``                  ``"length"`` (default: replies end at their logged length,
-                            ``max_tokens`` = that length) or ``"stop"`` (they end with a
-                            stop token; with overlap one more decode step runs, §3.3)
-``max_new_tokens``          the client's ``max_tokens`` with ``finish="stop"``
-                            (default: none, clipped to the pool as SGLang does)
-``eviction_amount``         ``"shortfall"`` (0.5.23) or ``"need"`` (before 2026-07, §5.5)
-``slru_protected_threshold``, ``tlru_threshold``, ``tlru_next_prompt_estimate``
-                            ``--radix-eviction-policy-config`` of slru / tlru
-==========================  =============================================================
+Radix-only options live in ``SimOptions.extra`` (see :mod:`kvsim.cache.radix.settings`).
 """
 from __future__ import annotations
 
@@ -34,8 +17,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from kvsim.cache.radix.evict import POLICIES, policy_config
-from kvsim.cache.radix.reference import DEFAULT_CHUNKED_PREFILL, EVICTION_AMOUNTS, FINISHES, namespace
+from kvsim.cache.radix.reference import namespace
+from kvsim.cache.radix.settings import RadixSettings
 from kvsim.cache.radix.stats import tree_report
 from kvsim.errors import ConfigError
 from kvsim.io.trace import Trace
@@ -44,78 +27,6 @@ from kvsim.replay.requests import output_token_arrays
 from kvsim.replay.result import ReplayResult
 
 ENGINES = ("fast", "reference")
-TREES = ("unified", "classic")
-
-
-@dataclass(frozen=True)
-class RadixSettings:
-    """Resolved settings of one radix replay."""
-
-    page_size: int
-    capacity: int | None            # SGLang's max_total_num_tokens; None = unlimited
-    eviction_policy: str
-    policy_config: dict
-    tree: str
-    overlap: bool
-    chunked_prefill_size: int
-    finish: str
-    max_new_tokens: int | None
-    eviction_amount: str
-
-    def engine_kwargs(self) -> dict[str, Any]:
-        return dict(page_size=self.page_size, capacity=self.capacity, eviction_policy=self.eviction_policy,
-                    flavor=self.tree, overlap=self.overlap, chunked_prefill_size=self.chunked_prefill_size,
-                    policy_config=self.policy_config, finish_mode=self.finish,
-                    max_new_tokens=self.max_new_tokens, eviction_amount=self.eviction_amount)
-
-
-def sglang_chunked_prefill_size(gpu: str | None) -> int:
-    """SGLang's default --chunked-prefill-size for a GPU (arg_groups/memory_hook.py)."""
-    if not gpu:
-        return DEFAULT_CHUNKED_PREFILL
-    from kvsim.models import MiB, gpu_memory_bytes
-
-    mib = gpu_memory_bytes(gpu) / MiB
-    for limit, size in ((20 * 1024, 2048), (35 * 1024, 4096), (60 * 1024, 4096), (90 * 1024, 8192),
-                        (160 * 1024, 8192)):
-        if mib < limit:
-            return size
-    return 16384
-
-
-def radix_settings(options: SimOptions) -> RadixSettings:
-    """Check and resolve the options the radix model uses; bad values give a ConfigError."""
-    from kvsim.models import radix_max_total_tokens
-
-    extra = options.extra or {}
-    p = int(options.page_size)
-    policy = str(options.eviction_policy or "lru").lower()
-    if policy not in POLICIES:
-        raise ConfigError(f"unknown radix eviction policy {options.eviction_policy!r}; "
-                          f"choose from {', '.join(POLICIES)}")
-    tree = str(extra.get("radix_tree", "unified"))
-    if tree not in TREES:
-        raise ConfigError(f"unknown radix tree {tree!r}; choose from {', '.join(TREES)}")
-    if policy == "tlru" and tree != "unified":
-        raise ConfigError("the tlru eviction policy needs the unified tree (SGLang refuses it otherwise)")
-    chunk = extra.get("chunked_prefill_size")
-    chunk = sglang_chunked_prefill_size(options.gpu) if chunk is None else int(chunk)
-    if chunk == 0 or chunk < -1:
-        raise ConfigError(f"chunked prefill size must be positive or -1 (disabled), got {chunk}")
-    finish = str(extra.get("finish", "length"))
-    if finish not in FINISHES:
-        raise ConfigError(f"unknown finish {finish!r}; choose from {', '.join(FINISHES)}")
-    amount = str(extra.get("eviction_amount", "shortfall"))
-    if amount not in EVICTION_AMOUNTS:
-        raise ConfigError(f"unknown eviction amount {amount!r}; choose from {', '.join(EVICTION_AMOUNTS)}")
-    cap = extra.get("max_new_tokens")
-    if cap is not None and int(cap) < 0:
-        raise ConfigError(f"max_new_tokens must be >= 0, got {cap}")
-    return RadixSettings(
-        page_size=p, capacity=radix_max_total_tokens(options), eviction_policy=policy,
-        policy_config=policy_config(policy, extra), tree=tree, overlap=bool(extra.get("overlap", True)),
-        chunked_prefill_size=chunk, finish=finish, max_new_tokens=None if cap is None else int(cap),
-        eviction_amount=amount)
 
 
 def logprob_capped(trace: Trace) -> np.ndarray:
@@ -139,7 +50,7 @@ def replay_radix_detailed(trace: Trace, options: SimOptions, progress: Callable[
     """:func:`replay_radix`, plus the tree at the end (``nodes()``, ``paths()``, ``root``)."""
     if engine not in ENGINES:
         raise ConfigError(f"unknown radix engine {engine!r}; choose one of {', '.join(ENGINES)}")
-    settings = radix_settings(options)
+    settings = RadixSettings.from_options(options)
     tokens = trace.require_tokens("the radix simulation")
     out, out_off = output_token_arrays(trace)
     n = len(trace)
@@ -152,14 +63,14 @@ def replay_radix_detailed(trace: Trace, options: SimOptions, progress: Callable[
     if engine == "fast":
         from kvsim.cache.radix.fast import FastRadixEngine
 
-        eng = FastRadixEngine(**settings.engine_kwargs())
+        eng = FastRadixEngine(settings)
         serve = lambda i, fill, L, M: eng.serve(fill, L, M, ns[i], int(starts[i]))  # noqa: E731
         tree_of = lambda: eng  # noqa: E731
     else:
         from kvsim.cache.base import Request
         from kvsim.cache.radix.reference import RadixCacheModel
 
-        eng = RadixCacheModel(**settings.engine_kwargs())
+        eng = RadixCacheModel(settings)
 
         def serve(i, fill, L, M):
             req = Request(trace.request_id(i), fill[:L], fill[L:],

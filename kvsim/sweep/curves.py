@@ -162,11 +162,11 @@ def measured_mask(n: int, warmup: float = 0.0) -> np.ndarray:
 def _chained_units(trace: Trace, unit: int, hash_algo: str, engine_version: str | None):
     """APC's own block keys (prompt + outputs, namespaces) at block size ``unit``."""
     from kvsim.cache.apc.fast import build_workload
-    from kvsim.replay.apc import _namespaces, apc_settings
-    from kvsim.replay.options import SimOptions
+    from kvsim.cache.apc.settings import APCSettings
+    from kvsim.replay.apc import _namespaces
     from kvsim.replay.requests import output_token_arrays
 
-    settings = apc_settings(SimOptions(block_size=unit, hash_algo=hash_algo, engine_version=engine_version))
+    settings = APCSettings(block_size=unit, hash_algo=hash_algo, engine_version=engine_version)
     out, out_off = output_token_arrays(trace)
     lora, salt = _namespaces(trace, settings)
     work = build_workload(trace.tokens, trace.offsets, out, out_off, ~trace.prompt_logprobs.astype(bool),

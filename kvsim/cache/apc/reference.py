@@ -19,33 +19,8 @@ from kvsim.cache.apc import hashing
 from kvsim.cache.apc.metrics import PrefixCacheStats
 from kvsim.cache.base import Admission, PrefixCache, Request
 from kvsim.cache.apc.pool import Block, BlockPool
+from kvsim.cache.apc.settings import PROFILES, APCSettings, EngineProfile
 from kvsim.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class EngineProfile:
-    """The vLLM behaviours that changed between versions (spec §7)."""
-
-    version: str
-    free_unhashed_to_head: bool   # 0.24+: freed unhashed blocks go to the queue head (§3.5)
-    stats_at_admission: bool      # 0.29+: hit stats recorded once, at admission (§5.1)
-
-
-PROFILES = {
-    "0.33": EngineProfile("0.33", free_unhashed_to_head=True, stats_at_admission=True),
-    "0.11": EngineProfile("0.11", free_unhashed_to_head=False, stats_at_admission=False),
-}
-
-
-def engine_profile(version: str | None) -> EngineProfile:
-    """The profile for ``--engine-version`` (default 0.33)."""
-    if version is None:
-        return PROFILES["0.33"]
-    key = str(version).strip().removeprefix("v")
-    key = ".".join(key.split(".")[:2])
-    if key not in PROFILES:
-        raise ConfigError(f"unknown --engine-version {version!r}; choose 0.33 (default) or 0.11")
-    return PROFILES[key]
 
 
 class BlockHasher:
@@ -237,15 +212,14 @@ class APCCache(PrefixCache):
     computed, so the block it would complete is never cached (§4.1).
     """
 
-    def __init__(self, num_gpu_blocks: int, block_size: int = 16, hash_algo: str = "fast",
-                 engine_version: str | None = None, lora_paths: dict[str, str] | None = None,
-                 record_events: bool = False) -> None:
-        if block_size < 1:
-            raise ConfigError(f"block size must be a positive integer, got {block_size!r}")
-        self.page_size = block_size
-        self.profile = engine_profile(engine_version)
-        self.hasher = BlockHasher(block_size, hash_algo, lora_paths)
-        self.manager = APCManager(num_gpu_blocks, block_size, profile=self.profile,
+    def __init__(self, settings: APCSettings, record_events: bool = False) -> None:
+        if settings.num_gpu_blocks is None:
+            raise ConfigError("the stepwise APC model needs a pool size (num_gpu_blocks)")
+        self.settings = settings
+        self.page_size = block_size = settings.block_size
+        self.profile = settings.profile
+        self.hasher = BlockHasher(block_size, settings.hash_algo, settings.lora_paths)
+        self.manager = APCManager(settings.num_gpu_blocks, block_size, profile=self.profile,
                                   record_events=record_events)
         self.pool = self.manager.pool
         self.queries = 0   # vLLM prefix_cache_queries (tokens), as the metric counts them

@@ -29,14 +29,12 @@ from kvsim.cache.radix.evict import make_policy
 from kvsim.cache.radix.tree import SCALE
 from kvsim.cache.radix.reference import (
     CLIP_MAX_NEW_TOKENS,
-    EVICTION_AMOUNTS,
-    FINISHES,
     REFRESH_INTERVAL,
     UNCAPPED_MAX_NEW,
     logprob_aborts,
     max_prefix_len,
 )
-from kvsim.errors import ConfigError
+from kvsim.cache.radix.settings import RadixSettings
 
 UNLIMITED = 1 << 62
 
@@ -68,32 +66,21 @@ class FastOutcome:
 class FastRadixEngine:
     """One SGLang radix cache and its allocator, serving requests one at a time."""
 
-    def __init__(self, page_size: int = 1, capacity: int | None = None, eviction_policy: str = "lru",
-                 flavor: str = "unified", overlap: bool = True, chunked_prefill_size: int = 4096,
-                 policy_config: dict | None = None, finish_mode: str = "length",
-                 max_new_tokens: int | None = None, eviction_amount: str = "shortfall") -> None:
-        p = self.page_size = int(page_size)
-        if capacity is not None and (capacity <= 0 or capacity % p):
-            raise ConfigError(f"radix capacity must be a positive multiple of the page size, got {capacity}")
-        if flavor not in ("unified", "classic"):
-            raise ConfigError(f"unknown radix tree flavor {flavor!r}")
-        if finish_mode not in FINISHES:
-            raise ConfigError(f"unknown finish {finish_mode!r}; choose from {', '.join(FINISHES)}")
-        if eviction_amount not in EVICTION_AMOUNTS:
-            raise ConfigError(f"unknown eviction amount {eviction_amount!r}")
-        self.stop_finish = finish_mode == "stop"
-        self.cap = UNCAPPED_MAX_NEW if max_new_tokens is None else int(max_new_tokens)
-        self.evict_need = eviction_amount == "need"
+    def __init__(self, settings: RadixSettings | None = None) -> None:
+        self.settings = s = settings or RadixSettings()
+        self.page_size = s.page_size
+        capacity = s.capacity
+        self.stop_finish = s.finish == "stop"
+        self.cap = UNCAPPED_MAX_NEW if s.max_new_tokens is None else int(s.max_new_tokens)
+        self.evict_need = s.eviction_amount == "need"
         self.capacity = capacity
         self.C = UNLIMITED if capacity is None else int(capacity)
         self.avail = self.C
-        self.classic = flavor == "classic"
-        self.flavor = flavor
-        self.overlap = overlap
-        self.chunk = int(chunked_prefill_size)
-        self.policy = make_policy(eviction_policy, policy_config)
-        if self.policy.name == "tlru" and self.classic:
-            raise ConfigError("the tlru eviction policy exists only in the unified tree (SGLang's default)")
+        self.classic = s.tree == "classic"
+        self.flavor = s.tree
+        self.overlap = s.overlap
+        self.chunk = int(s.chunked_prefill_size)
+        self.policy = make_policy(s.eviction_policy, s.policy_config)
         self.prio = self.policy.priority
         self.lru = self.policy.name == "lru"
         self.clock = 0

@@ -42,15 +42,12 @@ from typing import Hashable
 import numpy as np
 
 from kvsim.cache.base import Admission, PrefixCache, Request
+from kvsim.cache.radix.settings import RadixSettings
 from kvsim.cache.radix.tree import Node, RadixTree
-from kvsim.errors import ConfigError
 
 CLIP_MAX_NEW_TOKENS = 4096          # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 REFRESH_INTERVAL = 32               # WAITING_PREFIX_REFRESH_INTERVAL
-DEFAULT_CHUNKED_PREFILL = 4096      # SGLang's chunked_prefill_size when the GPU is unknown
 UNCAPPED_MAX_NEW = 1 << 30          # an OpenAI request without max_tokens
-FINISHES = ("length", "stop")
-EVICTION_AMOUNTS = ("shortfall", "need")
 
 
 def namespace(lora: str | None, cache_salt: str | None) -> Hashable:
@@ -174,34 +171,20 @@ class Outcome:
     extend_tokens: int = 0              # #new-token contribution (raw)
 
 
-@dataclass
 class RadixCacheModel(PrefixCache):
     """The request-level SGLang radix cache with its allocator (sequential driver)."""
 
-    page_size: int = 1
-    capacity: int | None = None         # max_total_num_tokens; None = unlimited
-    eviction_policy: str = "lru"
-    flavor: str = "unified"
-    overlap: bool = True
-    chunked_prefill_size: int = DEFAULT_CHUNKED_PREFILL
-    policy_config: dict | None = None
-    finish_mode: str = "length"         # how requests end: "length" or "stop" (a stop token)
-    max_new_tokens: int | None = None   # the client's max_tokens when finish_mode == "stop"
-    eviction_amount: str = "shortfall"  # evict need - free (0.5.23) or the whole need (older)
-    tree: RadixTree = field(init=False)
-    alloc: SlotAllocator = field(init=False)
-
-    def __post_init__(self) -> None:
-        p = self.page_size
-        if self.capacity is not None and (self.capacity <= 0 or self.capacity % p):
-            raise ConfigError(f"radix capacity must be a positive multiple of the page size, got {self.capacity}")
-        if self.finish_mode not in FINISHES:
-            raise ConfigError(f"unknown finish {self.finish_mode!r}; choose from {', '.join(FINISHES)}")
-        if self.eviction_amount not in EVICTION_AMOUNTS:
-            raise ConfigError(f"unknown eviction amount {self.eviction_amount!r}; "
-                              f"choose from {', '.join(EVICTION_AMOUNTS)}")
-        self.tree = RadixTree(p, self.eviction_policy, self.flavor, self.policy_config)
-        self.alloc = SlotAllocator(self.capacity, p)
+    def __init__(self, settings: RadixSettings | None = None) -> None:
+        self.settings = s = settings or RadixSettings()
+        self.page_size = s.page_size
+        self.capacity = s.capacity            # max_total_num_tokens; None = unlimited
+        self.overlap = s.overlap
+        self.chunked_prefill_size = s.chunked_prefill_size
+        self.finish_mode = s.finish           # how requests end: "length" or "stop" (a stop token)
+        self.max_new_tokens = s.max_new_tokens
+        self.eviction_amount = s.eviction_amount
+        self.tree = RadixTree(s.page_size, s.eviction_policy, s.tree, s.policy_config)
+        self.alloc = SlotAllocator(s.capacity, s.page_size)
         self.active: dict[str, RequestState] = {}
         self.refresh_calls = 0
         self.log_hit_tokens = 0

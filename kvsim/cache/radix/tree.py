@@ -31,10 +31,8 @@ from typing import Hashable, Iterator
 import numpy as np
 
 from kvsim.cache.radix.evict import EvictionPolicy, make_policy
-from kvsim.errors import ConfigError
 
 SCALE = 100_000  # sub-steps per tick for the unified match's per-level stamp offsets
-FLAVORS = ("unified", "classic")
 
 
 class Node:
@@ -73,13 +71,9 @@ class RadixTree:
 
     def __init__(self, page_size: int = 1, policy: str | EvictionPolicy = "lru",
                  flavor: str = "unified", policy_config: dict | None = None) -> None:
-        if flavor not in FLAVORS:
-            raise ConfigError(f"unknown radix tree flavor {flavor!r}; choose from {', '.join(FLAVORS)}")
         self.page_size = int(page_size)
         self.flavor = flavor
         self.policy = policy if isinstance(policy, EvictionPolicy) else make_policy(policy, policy_config)
-        if self.policy.name == "tlru" and flavor != "unified":
-            raise ConfigError("the tlru eviction policy exists only in the unified tree (SGLang's default)")
         self.clock = 0
         self._next_id = 0
         self.root = self._new_node()
