@@ -12,10 +12,9 @@ sys.path.insert(0, str(Path(__file__).parent / "oracle"))
 from vllm_workloads import Mix, random_trace
 
 from kvsim.cache.apc.metrics import CachingMetrics, PrefixCacheStats, sequential_hit_rate_figures
-from kvsim.cache.registry import get_replayer
 from kvsim.errors import ConfigError, KvsimError
 from kvsim.io.trace import Trace
-from kvsim.replay.apc import replay_apc, replay_apc_detailed
+from kvsim.replay.driver import replay, replay_detailed
 from kvsim.replay.options import SimOptions
 
 C48 = [0] * 16 + [1] * 16 + [2] * 16
@@ -24,8 +23,9 @@ C48 = [0] * 16 + [1] * 16 + [2] * 16
 def both(trace: Trace, **kw):
     """Replay with both engines; they must agree on everything."""
     options = SimOptions(**kw)
-    fast, fast_final = replay_apc_detailed(trace, options, engine="fast")
-    ref, ref_final = replay_apc_detailed(trace, options, engine="reference")
+    fast, fast_engine = replay_detailed("apc", trace, options, implementation="fast")
+    ref, ref_engine = replay_detailed("apc", trace, options, implementation="reference")
+    fast_final, ref_final = fast_engine.final_state(), ref_engine.final_state()
     for name in ("cached_tokens", "rejected", "read_cache", "evictions", "evicted_tokens"):
         np.testing.assert_array_equal(getattr(fast, name), getattr(ref, name), err_msg=name)
     assert fast.peak_used_tokens == ref.peak_used_tokens and fast.capacity_tokens == ref.capacity_tokens
@@ -55,7 +55,7 @@ def test_fast_engine_equals_reference(seed, B, blocks, version, algo):
 def test_hash_algorithms_give_the_same_replay():
     """Only hash equality matters: fast, sha256 and sha256_cbor replay identically."""
     trace = random_trace(11, Mix(n=300))
-    runs = [replay_apc(trace, SimOptions(num_gpu_blocks=80, hash_algo=a)) for a in ("fast", "sha256", "sha256_cbor")]
+    runs = [replay("apc", trace, SimOptions(num_gpu_blocks=80, hash_algo=a)) for a in ("fast", "sha256", "sha256_cbor")]
     for r in runs[1:]:
         np.testing.assert_array_equal(r.cached_tokens, runs[0].cached_tokens)
         np.testing.assert_array_equal(r.evictions, runs[0].evictions)
@@ -141,10 +141,10 @@ def test_rejected_request_is_counted_and_leaves_the_cache_alone():
     r, final = both(trace, num_gpu_blocks=5)  # 4 usable blocks = 64 tokens
     assert r.rejected.tolist() == [False, True, False, True, True]  # 40+30-1 = 69 > 64
     assert r.cached_tokens.tolist() == [0, 0, 32, 0, 0] and r.evictions.sum() == 0
-    without = replay_apc_detailed(trace.select([0, 2]), SimOptions(num_gpu_blocks=5))[1]
+    without = replay_detailed("apc", trace.select([0, 2]), SimOptions(num_gpu_blocks=5))[1].final_state()
     assert final == without
     fits = Trace.from_prompts([list(range(40))], output_lengths=[25])  # 64 tokens: just fits
-    assert not replay_apc(fits, SimOptions(num_gpu_blocks=5)).rejected[0]
+    assert not replay("apc", fits, SimOptions(num_gpu_blocks=5)).rejected[0]
 
 
 def test_unlimited_capacity_is_the_upper_bound():
@@ -153,14 +153,14 @@ def test_unlimited_capacity_is_the_upper_bound():
     assert unlimited.capacity_tokens is None and unlimited.evictions.sum() == 0
     assert not unlimited.rejected.any()
     for blocks in (40, 150, 600):
-        finite = replay_apc(trace, SimOptions(num_gpu_blocks=blocks))
+        finite = replay("apc", trace, SimOptions(num_gpu_blocks=blocks))
         ok = ~finite.rejected
         assert (finite.cached_tokens[ok] <= unlimited.cached_tokens[ok]).all()
 
 
 def test_capacity_units_and_result_fields():
     trace = random_trace(4, Mix(n=200))
-    r = replay_apc(trace, SimOptions(capacity_tokens=1000))
+    r = replay("apc", trace, SimOptions(capacity_tokens=1000))
     assert r.extra["num_gpu_blocks"] == 1000 // 16 + 1 and r.capacity_tokens == 62 * 16
     assert r.policy == "apc" and len(r) == 200
     for key in ("block_size", "hash_algo", "engine_version", "peak_blocks_in_use", "evicted_blocks",
@@ -170,13 +170,13 @@ def test_capacity_units_and_result_fields():
     assert r.peak_used_tokens <= r.capacity_tokens
     np.testing.assert_array_equal(r.evicted_tokens, r.evictions * 16)
     assert r.extra["evicted_blocks"] == r.evictions.sum()
-    assert get_replayer("apc")(trace, SimOptions(capacity_tokens=1000)).cached_tokens.tolist() == \
+    assert replay("apc", trace, SimOptions(capacity_tokens=1000)).cached_tokens.tolist() == \
         r.cached_tokens.tolist()
 
 
 def test_progress_reports_completion():
     calls = []
-    replay_apc(random_trace(5, Mix(n=50)), SimOptions(num_gpu_blocks=60), progress=lambda d, t: calls.append((d, t)))
+    replay("apc", random_trace(5, Mix(n=50)), SimOptions(num_gpu_blocks=60), progress=lambda d, t: calls.append((d, t)))
     assert calls and calls[-1] == (50, 50)
 
 
@@ -205,14 +205,14 @@ def test_bad_configurations_are_config_errors(change, message):
     for k, v in change.items():
         setattr(options, k, v)
     with pytest.raises(ConfigError, match=message):
-        replay_apc(random_trace(6, Mix(n=5)), options)
+        replay("apc", random_trace(6, Mix(n=5)), options)
 
 
 def test_bad_engine_and_length_only_trace():
     trace = random_trace(7, Mix(n=5))
     with pytest.raises(ConfigError, match="engine"):
-        replay_apc(trace, SimOptions(), engine="turbo")
+        replay("apc", trace, SimOptions(), implementation="turbo")
     lengths_only = Trace(offsets=np.array([0, 10]), tokens=None, output_lengths=np.array([3]),
                          arrival=np.array([0.0]))
     with pytest.raises(KvsimError, match="prefix information"):
-        replay_apc(lengths_only, SimOptions())
+        replay("apc", lengths_only, SimOptions())

@@ -28,10 +28,10 @@ def both(workload, **kw):
     for i, (p, o, lora, salt) in enumerate(zip(workload.prompts, workload.outputs, workload.loras,
                                                  workload.salts)):
         a = ref.serve(Request(str(i), p, o, lora=lora, cache_salt=salt))
-        b = fast.serve(np.concatenate([p, o]).astype(np.int64), len(p), len(o), namespace(lora, salt))
-        rows_ref.append((a.cached_tokens, a.rejected, a.evicted_tokens, a.evicted_leaves, a.max_new,
+        b = fast.serve_tokens(np.concatenate([p, o]).astype(np.int64), len(p), len(o), namespace(lora, salt))
+        rows_ref.append((a.cached_tokens, a.rejected, a.evicted_tokens, a.evictions, a.max_new,
                          a.extend_tokens, ref.used_tokens(), ref.tree.evictable_size))
-        rows_fast.append((b.cached_tokens, b.rejected, b.evicted_tokens, b.evicted_leaves, b.max_new,
+        rows_fast.append((b.cached_tokens, b.rejected, b.evicted_tokens, b.evictions, b.max_new,
                           b.extend_tokens, fast.C - fast.avail, fast.evictable))
     ref.tree.check()
     return ref, fast, rows_ref, rows_fast

@@ -103,8 +103,8 @@ def test_fast_engine_matches_sglang(oracle, cfg):
     eng = FastRadixEngine(kvsim_settings(cfg))
     got = []
     for prompt, out, lora, salt in zip(w.prompts, w.outputs, w.loras, w.salts):
-        o = eng.serve(np.concatenate([prompt, out]).astype(np.int64), len(prompt), len(out), namespace(lora, salt))
-        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evicted_leaves, eng.avail,
+        o = eng.serve_tokens(np.concatenate([prompt, out]).astype(np.int64), len(prompt), len(out), namespace(lora, salt))
+        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evictions, eng.avail,
                     eng.total_size, eng.evictable))
     expected = columns(real)
     first_bad = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), None)
@@ -146,9 +146,9 @@ def _serve_fast(cfg: dict, w: Workload, starts: list[int]) -> tuple[FastRadixEng
     eng = FastRadixEngine(kvsim_settings(cfg))
     got = []
     for prompt, out, lora, salt, start in zip(w.prompts, w.outputs, w.loras, w.salts, starts):
-        o = eng.serve(np.concatenate([prompt, out]).astype(np.int64), len(prompt), len(out), namespace(lora, salt),
+        o = eng.serve_tokens(np.concatenate([prompt, out]).astype(np.int64), len(prompt), len(out), namespace(lora, salt),
                       start)
-        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evicted_leaves, eng.avail,
+        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evictions, eng.avail,
                     eng.total_size, eng.evictable))
     return eng, got
 
@@ -189,7 +189,7 @@ def test_reference_model_logprob_requests_match_sglang(logprob_oracle, cfg):
     got = []
     for i, (prompt, out, lora, salt, start) in enumerate(zip(w.prompts, w.outputs, w.loras, w.salts, w.starts())):
         o = m.serve(Request(str(i), prompt, out, lora=lora, cache_salt=salt, logprob_start_len=start))
-        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evicted_leaves, int(m.available()),
+        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evictions, int(m.available()),
                     m.tree.total_size, m.tree.evictable_size))
     assert got == columns(real)
 
@@ -197,7 +197,7 @@ def test_reference_model_logprob_requests_match_sglang(logprob_oracle, cfg):
 def test_replay_radix_with_logprob_requests_matches_sglang(logprob_oracle):
     """End to end through the trace column: replay_radix on the logprob workload."""
     from kvsim.replay.options import SimOptions
-    from kvsim.replay.radix import replay_radix
+    from kvsim.replay.driver import replay
 
     cfg = LOGPROB_CONFIGS[5]
     real = logprob_oracle[json.dumps(cfg, sort_keys=True)]
@@ -205,7 +205,7 @@ def test_replay_radix_with_logprob_requests_matches_sglang(logprob_oracle):
     options = SimOptions(max_total_tokens=cfg["capacity"], page_size=16, eviction_policy="lru",
                          extra={"chunked_prefill_size": cfg["chunked_prefill_size"]})
     for engine in ("fast", "reference"):
-        result = replay_radix(w.trace(), options, engine=engine)
+        result = replay("radix", w.trace(), options, implementation=engine)
         assert list(result.cached_tokens) == real["cached"]
         assert list(result.evicted_tokens) == real["evicted_tokens"]
         assert list(result.rejected) == [r or a for r, a in zip(real["rejected"], real["aborted"])]
@@ -222,7 +222,7 @@ def test_reference_model_matches_sglang(oracle, cfg):
     got = []
     for i, (prompt, out, lora, salt) in enumerate(zip(w.prompts, w.outputs, w.loras, w.salts)):
         o = m.serve(Request(str(i), prompt, out, lora=lora, cache_salt=salt))
-        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evicted_leaves, int(m.available()),
+        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evictions, int(m.available()),
                     m.tree.total_size, m.tree.evictable_size))
     assert got == columns(real)
     if real["paths"] is not None:
@@ -291,7 +291,7 @@ def test_scenarios_on_the_real_flow(tmp_path):
     for (w, cfgs), rs in zip(jobs, res):
         for c, r in zip(cfgs, rs):
             eng = FastRadixEngine(kvsim_settings(c))
-            outs = [eng.serve(np.concatenate([p, o]).astype(np.int64), len(p), len(o), None)
+            outs = [eng.serve_tokens(np.concatenate([p, o]).astype(np.int64), len(p), len(o), None)
                     for p, o in zip(w.prompts, w.outputs)]
             assert [o.cached_tokens for o in outs] == r["cached"]
             assert [o.evicted_tokens for o in outs] == r["evicted_tokens"]
@@ -333,14 +333,14 @@ def test_replay_radix_on_mooncake_matches_sglang(tmp_path):
 
     import kvsim
     from kvsim.replay.options import SimOptions
-    from kvsim.replay.radix import replay_radix
+    from kvsim.replay.driver import replay
     from kvsim.replay.requests import output_token_arrays
 
     path = Path(__file__).resolve().parents[1] / "traces" / "public" / "conversation_trace.jsonl"
     if not path.exists():
         pytest.skip("the bundled Mooncake trace is missing")
     trace = kvsim.load_trace(path, format="mooncake", limit=150)
-    result = replay_radix(trace, SimOptions(capacity_tokens=200_000))
+    result = replay("radix", trace, SimOptions(capacity_tokens=200_000))
     out, off = output_token_arrays(trace)
     w = Workload([trace.prompt(i).astype(np.int64) for i in range(len(trace))],
                  [out[off[i]:off[i + 1]] for i in range(len(trace))], [None] * len(trace), [None] * len(trace))

@@ -231,7 +231,7 @@ def serve_all(reqs, engine="reference", **kw):
         out = [m.serve(Request(str(i), np.array(p), np.array(o))) for i, (p, o) in enumerate(reqs)]
     else:
         m = FastRadixEngine(RadixSettings(**kw))
-        out = [m.serve(np.array(p + o, np.int64), len(p), len(o), None) for p, o in reqs]
+        out = [m.serve_tokens(np.array(p + o, np.int64), len(p), len(o), None) for p, o in reqs]
     return out, m
 
 
@@ -259,7 +259,7 @@ def serve_starts(reqs, engine, **kw):
                for i, (p, o, s) in enumerate(reqs)]
     else:
         m = FastRadixEngine(RadixSettings(**kw))
-        out = [m.serve(np.array(p + o, np.int64), len(p), len(o), None, s) for p, o, s in reqs]
+        out = [m.serve_tokens(np.array(p + o, np.int64), len(p), len(o), None, s) for p, o, s in reqs]
     total = m.total_size if engine == "fast" else m.tree.total_size
     return out, total
 
@@ -339,7 +339,7 @@ def test_26_eviction_amount(engine, flavor, amount, freed):
     reqs = [([1, 2, 3], [9]), ([4, 5, 6], [9]), ([7, 8, 9], [9]), ([10, 11, 12, 13, 14], [9])]
     out, m = serve_all(reqs, engine, tree=flavor, capacity=13, eviction_amount=amount)
     assert [o.evicted_tokens for o in out] == [0, 0, 0, freed]
-    assert [o.evicted_leaves for o in out] == [0, 0, 0, freed // 3]
+    assert [o.evictions for o in out] == [0, 0, 0, freed // 3]
 
 
 # -- rules of 0.5.23's scheduler that random workloads rarely reveal --------------------

@@ -81,7 +81,8 @@ def simulate(
     """
     from kvsim.outputs import check_output_path
     from kvsim.cache.registry import resolve_policies
-    from kvsim.replay.simulate import run_simulation, render_simulation, simulation_json, per_request_rows
+    from kvsim.render.simulate import render_simulation
+    from kvsim.replay.simulate import per_request_rows, run_simulation, simulation_json
 
     names = resolve_policies(policy)
     options = sim_options(

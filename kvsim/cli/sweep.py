@@ -102,8 +102,9 @@ def sweep(
     if csv_out is not None and json_out is not None and csv_out.resolve() == json_out.resolve():
         raise ConfigError("--csv and --json name the same file")
 
-    from kvsim.sweep.render import render_sweep, sweep_json
+    from kvsim.render.sweep import render_sweep
     from kvsim.sweep.run import sweep as run
+    from kvsim.sweep.run import sweep_json
 
     trace = load_from_cli(logs, fmt, tokenizer, chat_template, trace_block_size, on_error, limit)
     options = {} if engine_version is None else {"engine_version": engine_version}

@@ -30,29 +30,23 @@ class CacheModel:
     running_pages: Callable[[Request, int], np.ndarray | None]  # page ids of a running request's first n tokens
 
 
-def _peak_tokens(trace: Trace) -> np.ndarray:
-    """Tokens each request holds at its peak: prompt + outputs - the never-computed last one."""
-    return trace.prompt_lengths + np.maximum(trace.output_lengths, 1) - 1
-
-
 def build_apc(trace: Trace, options: SimOptions) -> CacheModel:
-    """vLLM APC (:class:`kvsim.cache.apc.reference.APCCache`), built as ``replay_apc``'s reference engine builds it."""
+    """vLLM APC (:class:`kvsim.cache.apc.reference.APCCache`), as a replay's reference model is built."""
     from dataclasses import replace
 
+    from kvsim.cache.apc import rules
     from kvsim.cache.apc.reference import APCCache
     from kvsim.cache.apc.settings import APCSettings
-    from kvsim.replay.apc import unlimited_num_blocks
 
     st = APCSettings.from_options(options)
     b = st.block_size
-    L = trace.prompt_lengths
-    slice_blocks = unlimited_num_blocks(np.where(L > 0, -(-_peak_tokens(trace) // b), 0))
+    slice_blocks = rules.unlimited_num_blocks(trace.prompt_lengths, np.maximum(trace.output_lengths, 1), b)
     num_blocks = slice_blocks if st.num_gpu_blocks is None else st.num_gpu_blocks
     cache = APCCache(replace(st, num_gpu_blocks=num_blocks))
 
     def running_pages(req: Request, n: int) -> np.ndarray | None:
-        seq = cache._seqs.get(req.request_id)  # NOTE: no public accessor for a running table yet
-        return None if seq is None else pages_from_block_table(cache.manager.block_ids(seq), b, n)
+        table = cache.block_table(req)
+        return None if table is None else pages_from_block_table(table, b, n)
 
     # Block ids leave vLLM's free queue lowest first (it starts as 1..N-1 and freed blocks
     # go behind or in front of the untouched ones), so a slice never touches an id above
@@ -62,8 +56,8 @@ def build_apc(trace: Trace, options: SimOptions) -> CacheModel:
 
 
 def build_radix(trace: Trace, options: SimOptions) -> CacheModel:
-    """SGLang RadixAttention (:class:`kvsim.cache.radix.reference.RadixCacheModel`), built as
-    ``replay_radix``'s reference engine builds it.
+    """SGLang RadixAttention (:class:`kvsim.cache.radix.reference.RadixCacheModel`), as a
+    replay's reference model is built.
 
     Admission tables hold one slot per token at page size 1 and page ids above it; a
     running request's ``row`` (SGLang's ``req_to_token``) holds one slot per token.
@@ -83,8 +77,8 @@ def build_radix(trace: Trace, options: SimOptions) -> CacheModel:
     num_pages = slice_pages if st.capacity is None else st.capacity // p + 1
 
     def running_pages(req: Request, n: int) -> np.ndarray | None:
-        state = cache.active.get(req.request_id)
-        return None if state is None else pages_from_block_table(state.row, p, n, token_slots=True)
+        table = cache.block_table(req)    # one slot per token (req_to_token)
+        return None if table is None else pages_from_block_table(table, p, n, token_slots=True)
 
     def num_decodes(req: Request) -> int:
         state = cache.active.get(req.request_id)

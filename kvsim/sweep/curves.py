@@ -161,17 +161,12 @@ def measured_mask(n: int, warmup: float = 0.0) -> np.ndarray:
 
 def _chained_units(trace: Trace, unit: int, hash_algo: str, engine_version: str | None):
     """APC's own block keys (prompt + outputs, namespaces) at block size ``unit``."""
-    from kvsim.cache.apc.fast import build_workload
+    from kvsim.cache.apc.fast import FastAPCEngine
     from kvsim.cache.apc.settings import APCSettings
-    from kvsim.replay.apc import _namespaces
-    from kvsim.replay.requests import output_token_arrays
+    from kvsim.replay.requests import workload
 
     settings = APCSettings(block_size=unit, hash_algo=hash_algo, engine_version=engine_version)
-    out, out_off = output_token_arrays(trace)
-    lora, salt = _namespaces(trace, settings)
-    work = build_workload(trace.tokens, trace.offsets, out, out_off, ~trace.prompt_logprobs.astype(bool),
-                          lora, salt, unit, "fast")
-    return settings, work
+    return settings, FastAPCEngine(settings).workload(workload(trace))
 
 
 def _sequence_inputs(work, unit: int, read: np.ndarray) -> dict[str, Any]:

@@ -166,3 +166,13 @@ def _curves(trace: Trace, points: list[SweepPoint], frame: pd.DataFrame, curve_p
                                float(err.max()) if len(err) else None, float(err.mean()) if len(err) else None,
                                model.exactness, model.elapsed_s, model))
     return out
+
+
+def sweep_json(trace: Trace, result: SweepResult, settings: dict[str, Any]) -> dict[str, Any]:
+    """Everything the terminal shows, plus the smooth curves, as JSON (no prompt text)."""
+    return {
+        "trace": {"sources": trace.meta.sources, "formats": trace.meta.formats, "requests": len(trace),
+                  "prompt_tokens": trace.num_prompt_tokens, "skipped_lines": trace.meta.skipped_lines},
+        "settings": settings,
+        **result.as_dict(),
+    }

@@ -32,10 +32,10 @@ Done = Callable[[int, dict[str, Any]], None]
 
 def replay_point(trace: Trace, point: SweepPoint) -> dict[str, Any]:
     """Run one combination's exact replay and summarize it (the unit of work of every executor)."""
-    from kvsim.cache.registry import get_replayer
+    from kvsim.replay.driver import replay
     from kvsim.replay.metrics import summarize
 
-    result = get_replayer(point.policy)(trace, point.options())
+    result = replay(point.policy, trace, point.options())
     summary = summarize(result, trace)
     summary.pop("policy", None)
     return {**summary, "config": dict(result.config)}
@@ -280,21 +280,12 @@ class _progress:
 
     def _advance(self, n: int) -> None:
         if self.bar is None:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
+            from kvsim.render.progress import Bars
 
-            self.bar = Progress(TextColumn("replaying combinations"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), console=Console(stderr=True), transient=True)
-            self.bar.__enter__()
-            self.task = self.bar.add_task("sweep", total=self.total)
-        self.bar.update(self.task, completed=n)
+            self.bar = Bars("count")
+            self.task = self.bar.task("replaying combinations", self.total)
+        self.task(n)
 
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
-            self.bar.__exit__(*exc)
+            self.bar.close()

@@ -19,13 +19,17 @@ sha256 digests numbered in order of first appearance).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
 
-from kvsim.cache.apc import hashing
+from kvsim.cache.apc import hashing, rules
+from kvsim.cache.apc.pool import PoolState
+from kvsim.cache.apc.rules import fits_ever_jit, kept_blocks_jit, lookup_cap_blocks_jit, peak_blocks_jit
+from kvsim.cache.apc.settings import APCSettings
+from kvsim.cache.base import Progress, Request, SequentialCache, Served, ServedColumns, Workload
+from kvsim.errors import ConfigError
 
 _EMPTY = -1
 
@@ -43,17 +47,21 @@ class FastWorkload:
 
     @property
     def blocks_needed(self) -> np.ndarray:
-        """Peak blocks of each request: ceil((L + M - 1) / B)."""
-        return -(-(self.prompt_len + self.output_len - 1) // self.block_size)
+        """Peak blocks of each request (rules.peak_blocks)."""
+        return rules.peak_blocks(self.prompt_len, self.output_len, self.block_size)
 
 
 def build_workload(prompt_tok: np.ndarray, prompt_off: np.ndarray, out_tok: np.ndarray,
                    out_off: np.ndarray, read: np.ndarray, lora: list[tuple[str, str] | None],
-                   salt: list[str | None], block_size: int, algo: str = "fast") -> FastWorkload:
-    """Compute every request's block keys (prompt + outputs) with the chosen hash."""
+                   salt: list[str | None], block_size: int, algo: str = "fast",
+                   digest_ids: dict[bytes, int] | None = None) -> FastWorkload:
+    """Compute every request's block keys (prompt + outputs) with the chosen hash.
+
+    Exact digests are numbered in order of first appearance in ``digest_ids`` (pass the
+    same dict to keep the numbering across calls)."""
     L = np.diff(prompt_off).astype(np.int64)
     M = np.maximum(np.diff(out_off).astype(np.int64), 1)
-    nblocks = np.where(L > 0, (L + M - 1) // block_size, 0).astype(np.int64)
+    nblocks = np.where(L > 0, rules.kept_blocks(L, M, block_size), 0).astype(np.int64)
     key_off = np.zeros(len(L) + 1, np.int64)
     key_off[1:] = np.cumsum(nblocks)
     keys = np.zeros(int(key_off[-1]), np.uint64)
@@ -63,7 +71,7 @@ def build_workload(prompt_tok: np.ndarray, prompt_off: np.ndarray, out_tok: np.n
         hashing.fast_hash_requests(prompt_tok, prompt_off, out_tok, out_off, nblocks, block_size,
                                    every, first, key_off, keys)
     else:
-        ids: dict[bytes, int] = {}
+        ids = {} if digest_ids is None else digest_ids
         for i in range(len(L)):
             if nblocks[i] == 0:
                 continue
@@ -112,6 +120,20 @@ class FastState:
         self.st[ST_EMPTY] = n - 1
         self.buf = np.zeros(max(max_request_blocks, 1), np.int32)
 
+    def reserve(self, max_keys: int, max_request_blocks: int) -> None:
+        """Grow the key table (rehashed) and the request buffer when later work needs more."""
+        size = len(self.tkeys)
+        if size < 2 * max_keys:
+            while size < 2 * max_keys:
+                size *= 2
+            old_keys, old_heads = self.tkeys, self.theads
+            self.tkeys = np.zeros(size, np.uint64)
+            self.theads = np.full(size, _EMPTY, np.int32)
+            self.shift = 64 - int(np.log2(size))
+            _rehash(old_keys, old_heads, self.tkeys, self.theads, self.shift)
+        if len(self.buf) < max_request_blocks:
+            self.buf = np.zeros(max_request_blocks, np.int32)
+
     def free_queue(self) -> list[int]:
         """Free block ids, head (next victim) first."""
         out, b = [], int(self.qnext[self.head])
@@ -137,6 +159,18 @@ class FastState:
 @njit(cache=True, inline="always")
 def _slot(key, shift):
     return np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(shift))
+
+
+@njit(cache=True)
+def _rehash(old_keys, old_heads, tkeys, theads, shift):
+    mask = len(tkeys) - 1
+    for i in range(len(old_keys)):
+        if old_heads[i] != _EMPTY:
+            s = _slot(old_keys[i], shift)
+            while theads[s] != _EMPTY:
+                s = (s + 1) & mask
+            tkeys[s] = old_keys[i]
+            theads[s] = old_heads[i]
 
 
 @njit(cache=True)
@@ -224,15 +258,15 @@ def run_sequential(i0, i1, L, M, read, keys, key_off, B, N, unhashed_to_head,
     """Replay requests i0..i1-1, one at a time, each from admission to free."""
     for i in range(i0, i1):
         Li = L[i]
-        total = (Li + M[i] - 1 + B - 1) // B
-        if Li == 0 or total > N - 1:
-            out_rejected[i] = True  # can never be scheduled (spec §1 note)
+        if not fits_ever_jit(Li, M[i], B, N):
+            out_rejected[i] = True  # can never be scheduled (§1 note)
             continue
+        total = peak_blocks_jit(Li, M[i], B)
         k0 = key_off[i]
         # 1. lookup: hits capped so that at least one token is recomputed (§2.2)
         h = 0
         if read[i]:
-            cap = (Li - 1) // B
+            cap = lookup_cap_blocks_jit(Li, B)
             while h < cap:
                 b = _get(tkeys, theads, shift, keys[k0 + h])
                 if b == _EMPTY:
@@ -263,7 +297,7 @@ def run_sequential(i0, i1, L, M, read, keys, key_off, B, N, unhashed_to_head,
         st[ST_PEAK_USED] = max(st[ST_PEAK_USED], used)
         st[ST_PEAK_IN_USE] = max(st[ST_PEAK_IN_USE], total)
         # 3. cache the blocks that became full; never the final token's block (§4.1)
-        nfull = (Li + M[i] - 1) // B
+        nfull = kept_blocks_jit(Li, M[i], B)
         for j in range(h, nfull):
             b = buf[j]
             k = keys[k0 + j]
@@ -296,39 +330,90 @@ def run_sequential(i0, i1, L, M, read, keys, key_off, B, N, unhashed_to_head,
         st[ST_EVICTED] += ev
 
 
-@dataclass
-class FastRun:
-    """Per-request outcome of a fast replay, and the engine's final state."""
+class FastAPCEngine(SequentialCache):
+    """vLLM APC's compiled sequential engine, on one pool that lives across calls.
 
-    cached_tokens: np.ndarray
-    rejected: np.ndarray
-    evictions: np.ndarray
-    state: FastState
-
-
-def replay_fast(work: FastWorkload, num_blocks: int, unhashed_to_head: bool = True,
-                progress: Callable[[int, int], None] | None = None, chunk: int | None = None) -> FastRun:
-    """Replay a flattened workload sequentially in a pool of ``num_blocks`` (null block included).
-
-    The compiled loop runs ``chunk`` requests per call (default: about 1/64 of the trace),
-    reporting ``progress(done, total)`` in between.
+    :meth:`replay` hashes a whole workload at once and runs the compiled loop over it in
+    chunks; :meth:`serve` runs one request through the same loop. The pool is created on
+    first use: ``num_gpu_blocks`` from the settings, or (unlimited) enough for the first
+    workload replayed.
     """
-    n = len(work.prompt_len)
-    chunk = chunk or max(1024, n // 64)
-    needed = work.blocks_needed
-    fits = (work.prompt_len > 0) & (needed <= num_blocks - 1)
-    max_req = int(needed[fits].max()) if fits.any() else 1
-    state = FastState(num_blocks, min(num_blocks, len(work.keys) + 1), max_req)
-    cached = np.zeros(n, np.int64)
-    rejected = np.zeros(n, np.bool_)
-    evicted = np.zeros(n, np.int64)
-    s = state
-    for i0 in range(0, n, chunk):
-        i1 = min(n, i0 + chunk)
-        run_sequential(i0, i1, work.prompt_len, work.output_len, work.read, work.keys, work.key_off,
-                       work.block_size, num_blocks, unhashed_to_head, s.qnext, s.qprev, s.head, s.tail,
-                       s.key, s.dnext, s.dprev, s.tkeys, s.theads, s.shift, s.st, s.buf,
-                       cached, rejected, evicted)
-        if progress is not None:
-            progress(i1, n)
-    return FastRun(cached, rejected, evicted, state)
+
+    def __init__(self, settings: APCSettings) -> None:
+        self.settings = settings
+        self.state: FastState | None = None
+        self.num_blocks: int | None = settings.num_gpu_blocks
+        self._digest_ids: dict[bytes, int] = {}   # exact hashes -> keys, across calls
+
+    def _lora_salt(self, lora: list, salt: list) -> tuple[list, list]:
+        paths = self.settings.lora_paths
+        return [None if n is None else (n, paths.get(n, n)) for n in lora], list(salt)
+
+    def workload(self, work: Workload) -> FastWorkload:
+        """Every request's block keys (prompt + outputs), hashed in one pass."""
+        lora, salt = self._lora_salt(work.lora, work.cache_salt)
+        return build_workload(work.prompt_tokens, work.prompt_offsets, work.output_tokens, work.output_offsets,
+                              rules.reads_cache(work.prompt_logprobs), lora, salt, self.settings.block_size,
+                              self.settings.hash_algo, self._digest_ids)
+
+    def _pool(self, fw: FastWorkload) -> FastState:
+        """The pool, created or grown so that the largest request of ``fw`` fits its buffer."""
+        needed = fw.blocks_needed
+        if self.num_blocks is None:  # unlimited: nothing is ever evicted
+            self.num_blocks = rules.unlimited_num_blocks(fw.prompt_len, fw.output_len, fw.block_size)
+        fits = rules.fits_ever(fw.prompt_len, fw.output_len, fw.block_size, self.num_blocks)
+        max_req = int(needed[fits].max()) if fits.any() else 1
+        if self.state is None:
+            self.state = FastState(self.num_blocks, min(self.num_blocks, len(fw.keys) + 1), max_req)
+        else:
+            self.state.reserve(min(self.num_blocks, int(self.state.st[ST_KEYS]) + len(fw.keys) + 1), max_req)
+        return self.state
+
+    def replay(self, work: Workload, progress: Progress | None = None, chunk: int | None = None) -> ServedColumns:
+        """Serve every request of ``work`` in order; the compiled loop runs ``chunk``
+        requests per call (default: about 1/64 of the trace), reporting
+        ``progress(done, total)`` in between."""
+        return self.run(self.workload(work), progress, chunk)
+
+    def run(self, fw: FastWorkload, progress: Progress | None = None, chunk: int | None = None) -> ServedColumns:
+        """:meth:`replay` on an already hashed workload."""
+        n = len(fw.prompt_len)
+        chunk = chunk or max(1024, n // 64)
+        s = self._pool(fw)
+        B = fw.block_size
+        cached = np.zeros(n, np.int64)
+        rejected = np.zeros(n, np.bool_)
+        evicted = np.zeros(n, np.int64)
+        for i0 in range(0, n, chunk):
+            i1 = min(n, i0 + chunk)
+            run_sequential(i0, i1, fw.prompt_len, fw.output_len, fw.read, fw.keys, fw.key_off, B,
+                           self.num_blocks, self.settings.profile.free_unhashed_to_head, s.qnext, s.qprev,
+                           s.head, s.tail, s.key, s.dnext, s.dprev, s.tkeys, s.theads, s.shift, s.st, s.buf,
+                           cached, rejected, evicted)
+            if progress is not None:
+                progress(i1, n)
+        return ServedColumns(cached, rejected, evicted * B, evicted, fw.output_len.copy(),
+                             np.where(rejected, 0, fw.prompt_len - cached))
+
+    def serve(self, req: Request) -> Served:
+        if self.num_blocks is None:
+            raise ConfigError("serving requests one by one needs a pool size (num_gpu_blocks)")
+        one = Workload(np.asarray(req.prompt, np.int64), np.array([0, len(req.prompt)]),
+                       np.asarray(req.output, np.int64), np.array([0, len(req.output)]), [req.lora],
+                       [req.cache_salt], np.array([req.prompt_logprobs]), np.array([req.logprob_start_len]),
+                       [req.request_id])
+        cols = self.run(self.workload(one))
+        return Served(*(col[0].item() for col in cols.__dict__.values()))
+
+    # -- the pool ------------------------------------------------------------------------
+    @property
+    def peak_used_tokens(self) -> int:
+        return 0 if self.state is None else int(self.state.st[ST_PEAK_USED]) * self.settings.block_size
+
+    @property
+    def peak_in_use_blocks(self) -> int:
+        return 0 if self.state is None else int(self.state.st[ST_PEAK_IN_USE])
+
+    def final_state(self) -> PoolState:
+        chains = self.state.cached_blocks()
+        return PoolState(self.state.free_queue(), len(chains), sum(map(len, chains.values())))

@@ -95,3 +95,26 @@ def sequential_hit_rate_figures(queries: np.ndarray, hits: np.ndarray,
         "vllm_hit_rate_total": h_total / q_total if q_total else 0.0,
         "vllm_hit_rate_window": h_win / q_win if q_win else 0.0,
     }
+
+
+def replay_report(settings, implementation: str, cache, work, cols) -> tuple[dict, dict, np.ndarray]:
+    """A sequential replay's resolved configuration, its extra figures and, per request,
+    whether it read the cache (prompt-logprob and rejected requests did not; §2.1)."""
+    from kvsim.cache.apc.rules import reads_cache
+
+    read = ~cols.rejected & reads_cache(work.prompt_logprobs)
+    figures = sequential_hit_rate_figures(work.prompt_lengths[read], cols.cached_tokens[read])
+    config = {"block_size": settings.block_size, "num_gpu_blocks": settings.num_gpu_blocks,
+              "capacity_tokens": settings.capacity_tokens, "hash_algo": settings.hash_algo,
+              "engine_version": settings.profile.version}
+    extra = {
+        "engine": implementation,
+        "num_gpu_blocks": settings.num_gpu_blocks,
+        "block_size": settings.block_size,
+        "hash_algo": settings.hash_algo,
+        "engine_version": settings.profile.version,
+        "peak_blocks_in_use": cache.peak_in_use_blocks,
+        "evicted_blocks": int(cols.evictions.sum()),
+        **figures,
+    }
+    return config, extra, read

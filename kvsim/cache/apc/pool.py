@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 _HEAD, _TAIL = -1, -2  # sentinels of the free queue
 
@@ -72,6 +73,14 @@ class FreeQueue:
         for b in ids:
             self._insert_after(p, b)
             p = b
+
+
+class PoolState(NamedTuple):
+    """The pool after a replay, for comparisons with vLLM's own."""
+
+    free_queue: list[int]        # free block ids, head (next victim) first
+    map_keys: int                # distinct block hashes in the cache map
+    cached_blocks: int           # blocks registered in the map
 
 
 class BlockHashMap:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvsim.cache.apc import hashing
+from kvsim.cache.apc import hashing, rules
 from kvsim.cache.apc.metrics import PrefixCacheStats
-from kvsim.cache.base import Admission, PrefixCache, Request
-from kvsim.cache.apc.pool import Block, BlockPool
+from kvsim.cache.apc.pool import Block, BlockPool, PoolState
+from kvsim.cache.base import Admission, PrefixCache, Request, Served
 from kvsim.cache.apc.settings import PROFILES, APCSettings, EngineProfile
 from kvsim.errors import ConfigError
 
@@ -112,9 +112,7 @@ class APCManager:
         """The longest run of cached full blocks from the start, and its length in tokens (§2.2)."""
         if not self.enable_caching or seq.skip_reading_prefix_cache:
             return [], 0
-        # at least one token is recomputed to get logits: a block-aligned prompt recomputes
-        # its whole last block (§2.2)
-        max_blocks = (seq.num_tokens - 1) // self.block_size
+        max_blocks = rules.lookup_cap_blocks(seq.num_tokens, self.block_size)
         hits: list[Block] = []
         for key in seq.block_hashes[:max_blocks]:
             block = self.pool.get_cached_block(key)
@@ -222,17 +220,27 @@ class APCCache(PrefixCache):
         self.manager = APCManager(settings.num_gpu_blocks, block_size, profile=self.profile,
                                   record_events=record_events)
         self.pool = self.manager.pool
+        self.peak_in_use_blocks = 0   # most blocks one served request held (serve)
         self.queries = 0   # vLLM prefix_cache_queries (tokens), as the metric counts them
         self.hits = 0      # vLLM prefix_cache_hits (tokens)
         self._seqs: dict[str, Sequence] = {}
 
+    @classmethod
+    def for_workload(cls, settings: APCSettings, work) -> "APCCache":
+        """The model for replaying ``work``; an unlimited pool holds every block it takes."""
+        if settings.num_gpu_blocks is None:
+            settings = replace(settings, num_gpu_blocks=rules.unlimited_num_blocks(
+                work.prompt_lengths, np.maximum(work.output_lengths, 1), settings.block_size))
+        return cls(settings)
+
     def blocks_needed(self, req: Request) -> int:
-        """Blocks a request holds at its peak: prompt + outputs - the never-computed last token."""
-        return math.ceil((len(req.prompt) + max(len(req.output), 1) - 1) / self.page_size)
+        """Blocks a request holds at its peak (rules.peak_blocks)."""
+        return int(rules.peak_blocks(len(req.prompt), max(len(req.output), 1), self.page_size))
 
     def fits_ever(self, req: Request) -> bool:
-        """False for a request that can never be scheduled, even in an empty cache (spec §1 note)."""
-        return len(req.prompt) > 0 and self.blocks_needed(req) <= self.pool.num_blocks - 1
+        """False for a request that can never be scheduled, even in an empty cache (§1 note)."""
+        return bool(rules.fits_ever(len(req.prompt), max(len(req.output), 1), self.page_size,
+                                    self.pool.num_blocks))
 
     def admit(self, req: Request) -> Admission | None:
         seq = Sequence(req.request_id, list(req.prompt), len(req.prompt), self.hasher, req.lora,
@@ -275,6 +283,37 @@ class APCCache(PrefixCache):
 
     def used_tokens(self) -> int:
         return self.pool.used_blocks * self.page_size
+
+    def block_table(self, req: Request) -> np.ndarray | None:
+        """A running request's block ids, in token order."""
+        seq = self._seqs.get(req.request_id)
+        return None if seq is None else np.array(self.manager.block_ids(seq), np.int64)
+
+    # -- SequentialCache ---------------------------------------------------------------
+    def serve(self, req: Request) -> Served:
+        """Admit, decode to the output length, free. A request that can never fit is
+        rejected and leaves the cache untouched (§1 note)."""
+        L, M = len(req.prompt), max(len(req.output), 1)
+        if not self.fits_ever(req):
+            return Served(0, True, 0, 0, M, 0)
+        before = self.pool.num_evicted
+        admission = self.admit(req)
+        assert admission is not None, "a request that fits an idle cache was refused"
+        for _ in range(len(req.output) - 1):
+            self.decode(req)
+        self.peak_in_use_blocks = max(self.peak_in_use_blocks, self.blocks_needed(req))
+        self.finish(req)
+        evicted = self.pool.num_evicted - before
+        return Served(admission.cached_tokens, False, evicted * self.page_size, evicted, M,
+                      L - admission.cached_tokens)
+
+    @property
+    def peak_used_tokens(self) -> int:
+        return self.pool.peak_used_blocks * self.page_size
+
+    def final_state(self) -> PoolState:
+        pool = self.pool
+        return PoolState(pool.free_block_ids(), len(pool.cached), pool.cached.num_blocks())
 
     def _sample(self, req: Request, seq: Sequence) -> None:
         """The engine appends the next output token (logged or synthesized)."""

@@ -36,58 +36,16 @@ and is tested against it.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Hashable
 
 import numpy as np
 
-from kvsim.cache.base import Admission, PrefixCache, Request
+from kvsim.cache.base import Admission, PrefixCache, Request, Served
+from kvsim.cache.radix import rules
+from kvsim.cache.radix.rules import ceil_page, namespace
 from kvsim.cache.radix.settings import RadixSettings
 from kvsim.cache.radix.tree import Node, RadixTree
-
-CLIP_MAX_NEW_TOKENS = 4096          # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
-REFRESH_INTERVAL = 32               # WAITING_PREFIX_REFRESH_INTERVAL
-UNCAPPED_MAX_NEW = 1 << 30          # an OpenAI request without max_tokens
-
-
-def namespace(lora: str | None, cache_salt: str | None) -> Hashable:
-    """SGLang's cache namespace: ``extra_key`` (LoRA id appended) and ``cache_salt`` (§1)."""
-    salt = cache_salt or None
-    if lora is None and salt is None:
-        return None
-    return (lora, salt)
-
-
-def ceil_page(x: int, p: int) -> int:
-    return -(-x // p) * p
-
-
-def max_prefix_len(prompt_len: int, logprob_start_len: int = -1) -> int:
-    """Req._compute_max_prefix_len: at most ``len - 1`` tokens are matched, so that one is
-    computed for the logits; a logprob request at most its ``logprob_start_len`` (§2.1).
-
-    -1 means no start: no logprobs, or logprobs of the output only (the scheduler then
-    sets the start to ``len``, which adds no limit).
-    """
-    limit = prompt_len - 1
-    if logprob_start_len >= 0:
-        limit = min(limit, logprob_start_len)
-    return max(limit, 0)
-
-
-def logprob_aborts(prompt_len: int, logprob_start_len: int) -> bool:
-    """Scheduler.handle_generate_request refuses a start past the prompt's end (HTTP 400);
-    the request still runs as the one-token prompt ``[0]`` (``set_finish_with_abort``)
-    and finishes at its first sampled token."""
-    return logprob_start_len > prompt_len
-
-
-def max_new_tokens_for_memory(prompt_len: int, wanted: int, capacity: int | None, p: int) -> int:
-    """Scheduler.init_req_max_new_tokens: generation clipped to the empty pool."""
-    if capacity is None:
-        return wanted
-    return max(0, min(wanted, capacity - ceil_page(prompt_len, p) - p - 1))
-
 
 class SlotAllocator:
     """SGLang's token (page 1) or paged KV allocator: free pages, handed out from the front."""
@@ -159,18 +117,6 @@ class RequestState:
         return np.concatenate([self.prompt, self.outputs[:n_out]])
 
 
-@dataclass
-class Outcome:
-    """What serving one request did."""
-
-    cached_tokens: int
-    rejected: bool
-    evicted_tokens: int
-    evicted_leaves: int
-    max_new: int                        # generation after SGLang's clip to the pool
-    extend_tokens: int = 0              # #new-token contribution (raw)
-
-
 class RadixCacheModel(PrefixCache):
     """The request-level SGLang radix cache with its allocator (sequential driver)."""
 
@@ -204,10 +150,9 @@ class RadixCacheModel(PrefixCache):
 
     def evict_to_free(self, state: RequestState | None, num_tokens: int) -> None:
         """allocator.evict_to_free_tokens: evict the shortfall, whole leaves (§5.5)."""
-        shortfall = num_tokens - self.available()
-        if shortfall > 0:
-            amount = shortfall if self.eviction_amount == "shortfall" else num_tokens
-            freed, leaves, values = self.tree.evict(int(amount))
+        amount = rules.eviction_amount(num_tokens, self.available(), self.eviction_amount)
+        if amount:
+            freed, leaves, values = self.tree.evict(amount)
             for v in values:
                 self.alloc.free_slots(v)
             if state is not None:
@@ -219,14 +164,14 @@ class RadixCacheModel(PrefixCache):
         """SchedulePolicy._touch_waiting_prefixes (fcfs, LRU only, every 32nd pass)."""
         if self.tree.policy.name != "lru":
             return
-        if self.refresh_calls % REFRESH_INTERVAL == 0:
+        if self.refresh_calls % rules.REFRESH_INTERVAL == 0:
             self.tree.match_prefix(state.prompt, state.ns)
         self.refresh_calls += 1
 
     def init_next_round_input(self, state: RequestState) -> None:
         """Match at most len - 1 tokens, a logprob request at most its start (§2.1)."""
-        limit = max_prefix_len(len(state.prompt), state.logprob_start_len)
-        state.prefix_len, state.last_node = self.tree.match_prefix(state.prompt[:limit], state.ns)
+        limit = rules.max_prefix_len(len(state.prompt), state.logprob_start_len)
+        state.prefix_len, state.last_node = self.tree.match_prefix(state.prompt, state.ns, limit)
         state.protected = state.prefix_len
         if state.prefix_len:  # the request's slot row starts with the matched KV (prefix_indices)
             state.row[:state.prefix_len] = self.tree.path_value(state.last_node)[:state.prefix_len]
@@ -235,16 +180,14 @@ class RadixCacheModel(PrefixCache):
         """PrefillAdder.add_one_req for a lone request: admit, lock, maybe chunk."""
         p = self.page_size
         extend = len(state.prompt) - state.prefix_len
-        total = extend + min(state.max_new, CLIP_MAX_NEW_TOKENS) + p
         self.tree.lock(state.last_node)           # the temporary pin while checking
         room = self.available() + self.tree.evictable_size
         self.tree.unlock(state.last_node)
-        if not total < room:
+        if not rules.admits(extend, state.max_new, p, room):
             return False
-        if self.chunked_prefill_size > 0 and ceil_page(extend, p) > self.chunked_prefill_size:
-            extend = self.chunked_prefill_size // p * p
-            if extend <= 0:
-                return False
+        extend = rules.first_chunk(extend, self.chunked_prefill_size, p)
+        if extend <= 0:
+            return False
         state.extend_end = state.prefix_len + extend
         self.tree.lock(state.last_node)
         state.cached_tokens = state.prefix_len
@@ -255,10 +198,7 @@ class RadixCacheModel(PrefixCache):
     def add_chunked_req(self, state: RequestState) -> None:
         """PrefillAdder.add_chunked_req: the next chunk, bounded by free + evictable."""
         room = self.available() + self.tree.evictable_size
-        rem = min(self.chunked_prefill_size, int(min(room, 2**62)))
-        if rem <= 0:
-            rem = self.chunked_prefill_size
-        new_len = min(len(state.prompt) - state.prefix_len, rem)
+        new_len = rules.next_chunk(len(state.prompt) - state.prefix_len, room, self.chunked_prefill_size)
         state.extend_end = state.prefix_len + new_len
         self.log_input_tokens += new_len
 
@@ -266,7 +206,7 @@ class RadixCacheModel(PrefixCache):
         """alloc_for_extend: evict the shortfall, then hand out slots for [prefix, end)."""
         p = self.page_size
         start, end = state.prefix_len, state.extend_end
-        self.evict_to_free(state, end - start + (p if p > 1 else 0))
+        self.evict_to_free(state, rules.extend_demand(start, end, p))
         if p == 1:
             state.row[start:end] = self.alloc.alloc_pages(end - start)
         else:
@@ -286,19 +226,19 @@ class RadixCacheModel(PrefixCache):
         """Insert [0, upto) page-floored, free duplicates, move the lock (§3.2, §3.3)."""
         p = self.page_size
         tokens = state.fill(upto)
-        key_len = upto - upto % p
+        key_len = rules.floor_page(upto, p)
         prefix, node = self.tree.insert(tokens[:key_len], state.row[:key_len], state.ns,
                                         priority=0, inserted_len=state.inserted)
         if prefix > state.protected:  # the tree already held these: free ours
             self.alloc.free_slots(state.row[state.protected:prefix])
         state.inserted = max(state.inserted, key_len)
-        prompt_key = len(state.prompt) - len(state.prompt) % p
+        prompt_key = rules.floor_page(len(state.prompt), p)
         if 0 < prompt_key < key_len:
             # split the leaf at the prompt boundary so the output KV can go alone
             self.tree.insert(tokens[:prompt_key], state.row[:prompt_key], state.ns,
                              priority=1, inserted_len=prompt_key)
-        if self.tree.flavor == "classic":
-            _, node = self.tree.match_prefix(tokens[:key_len], state.ns)
+        if self.tree.classic:
+            _, node = self.tree.match_prefix(tokens, state.ns, key_len)
         path = self.tree.path_value(node)
         assert len(path) == key_len
         state.row[state.protected:key_len] = path[state.protected:]
@@ -348,10 +288,10 @@ class RadixCacheModel(PrefixCache):
         if self.finish_mode == "length":
             wanted = logged
         else:
-            wanted = UNCAPPED_MAX_NEW if self.max_new_tokens is None else int(self.max_new_tokens)
-        max_new = max_new_tokens_for_memory(len(prompt), wanted, self.capacity, self.page_size)
+            wanted = rules.UNCAPPED_MAX_NEW if self.max_new_tokens is None else int(self.max_new_tokens)
+        max_new = rules.max_new_tokens_for_memory(len(prompt), wanted, self.capacity, self.page_size)
         start = int(req.logprob_start_len)
-        aborted = logprob_aborts(len(prompt), start)
+        aborted = rules.logprob_aborts(len(prompt), start)
         if aborted:  # the placeholder: prompt [0], one sampled token, no logprobs
             prompt, k, start = np.zeros(1, np.int64), 1, -1
         else:
@@ -409,18 +349,27 @@ class RadixCacheModel(PrefixCache):
         self.release(state)
         return state.evicted_tokens - before
 
-    def serve(self, req: Request) -> Outcome:
+    def block_table(self, req: Request) -> np.ndarray | None:
+        """A running request's ``req_to_token`` row: one KV slot per token so far."""
+        state = self.active.get(req.request_id)
+        return None if state is None else state.row[:state.committed]
+
+    def serve(self, req: Request) -> Served:
         """Admit, decode every token, finish: one request of a sequential replay."""
         state_before = self.log_input_tokens
         if self.admit(req) is None:
             st = self.last_rejected
-            return Outcome(0, True, st.evicted_tokens, st.evicted_leaves, st.max_new)
+            return Served(0, True, st.evicted_tokens, st.evicted_leaves, st.max_new, 0)
         state = self.active[req.request_id]
         for _ in range(state.k - 1):
             self.decode(req)
         self.finish(req)
-        return Outcome(state.cached_tokens, state.aborted, state.evicted_tokens, state.evicted_leaves,
-                       state.max_new, self.log_input_tokens - state_before)
+        return Served(state.cached_tokens, state.aborted, state.evicted_tokens, state.evicted_leaves,
+                      state.max_new, self.log_input_tokens - state_before)
+
+    @property
+    def peak_used_tokens(self) -> int:
+        return self.peak_used
 
 
 def _path(node: Node | None):

@@ -94,6 +94,11 @@ class RadixSettings:
         if self.max_new_tokens is not None and self.max_new_tokens < 0:
             raise ConfigError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
 
+    @property
+    def capacity_tokens(self) -> int | None:
+        """Usable KV tokens (SGLang's max_total_num_tokens); None = unlimited."""
+        return self.capacity
+
     @classmethod
     def from_options(cls, options: Any) -> "RadixSettings":
         """The settings a :class:`kvsim.replay.options.SimOptions` describes."""

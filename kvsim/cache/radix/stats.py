@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 
 def tree_report(tree: Any, top: int = 5) -> dict[str, Any]:
     """Counts, depth and the ``top`` largest shared prefixes of ``tree``."""
@@ -65,3 +67,38 @@ def format_tree(tree: Any, max_nodes: int = 60) -> str:
         lock = f", locked {node.lock_ref}" if node.lock_ref else ""
         lines.append(f"{'  ' * depth}+- {len(node.key)} tokens, {node.requests} request(s){lock}")
     return "\n".join(lines)
+
+
+def replay_report(settings, implementation: str, cache, work, cols) -> tuple[dict, dict, np.ndarray]:
+    """A sequential replay's resolved configuration, its extra figures (SGLang's own
+    counters, the tree at the end) and, per request, whether its match was uncapped
+    (a logprob start cuts it, §2.1)."""
+    from dataclasses import asdict
+
+    from kvsim.cache.radix.rules import match_capped
+
+    ok = ~cols.rejected
+    # a request refused for its logprob start still prefills its placeholder: all rows
+    hit = int(cols.cached_tokens.sum())
+    new = int(cols.extend_tokens.sum())
+    prompt = int(work.prompt_lengths[ok].sum())
+    extra = {
+        "engine": implementation,
+        "page_size": settings.page_size,
+        "eviction_policy": settings.eviction_policy,
+        "max_total_tokens": settings.capacity,
+        **{k: v for k, v in asdict(settings).items() if k not in ("page_size", "capacity", "eviction_policy")},
+        # the log line's "#cached-token" / "#new-token" summed over prefill batches, and
+        # the cumulative hit rate they give (sglang:realtime_tokens_total cache/compute)
+        "sglang_cached_token_sum": hit,
+        "sglang_new_token_sum": new,
+        "sglang_logged_hit_rate": hit / (hit + new) if hit + new else 0.0,
+        "sglang_prompt_hit_rate": hit / prompt if prompt else 0.0,
+        "clipped_requests": int((ok & (cols.max_new < work.output_lengths)).sum()),
+        "tree": tree_report(cache.tree),
+    }
+    config = {"page_size": settings.page_size, "max_total_tokens": settings.capacity,
+              "eviction_policy": settings.eviction_policy, "radix_tree": settings.tree,
+              "overlap": settings.overlap, "chunked_prefill_size": settings.chunked_prefill_size,
+              "finish": settings.finish}
+    return config, extra, ~match_capped(work.prompt_lengths, work.logprob_start_len)

@@ -1,4 +1,4 @@
-"""Presenting a sweep: the rich table in the terminal and the JSON document."""
+"""A sweep in the terminal: one row per combination, one line per one-pass curve."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from kvsim.io.trace import Trace
 from kvsim.sweep.curves import LRU_LIKE
 from kvsim.sweep.run import SweepResult
 
@@ -64,13 +63,3 @@ def render_sweep(console: Console, result: SweepResult) -> None:
     if skipped and has_curve:
         console.print(f"[dim]No one-pass curve for radix eviction policies other than {', '.join(LRU_LIKE)}.[/]")
     console.print(f"[dim]{len(frame)} combination(s) in {result.elapsed_s:.1f} s.[/]")
-
-
-def sweep_json(trace: Trace, result: SweepResult, settings: dict[str, Any]) -> dict[str, Any]:
-    """Everything the terminal shows, plus the smooth curves, as JSON (no prompt text)."""
-    return {
-        "trace": {"sources": trace.meta.sources, "formats": trace.meta.formats, "requests": len(trace),
-                  "prompt_tokens": trace.num_prompt_tokens, "skipped_lines": trace.meta.skipped_lines},
-        "settings": settings,
-        **result.as_dict(),
-    }
