@@ -9,8 +9,11 @@ import typer
 
 from kvsim.cli.app import app, console, err_console
 from kvsim.cli.options import (
+    DEFAULT,
+    BlockSizeOpt,
     FormatOpt,
     OnErrorOpt,
+    PageSizeOpt,
     TemplateOpt,
     TokenizerOpt,
     TraceBlockOpt,
@@ -52,12 +55,11 @@ def gpu_validate(
     tolerance: Annotated[float | None, typer.Option(
         "--tolerance", help="Relative error allowed between reuse and full prefill (default: 1e-4 float32, "
         "1e-2 float16, 3e-2 bfloat16).", rich_help_panel=_RUN, show_default=False)] = None,
-    capacity_tokens: Annotated[str | None, typer.Option(
-        "--capacity-tokens", help="Usable KV capacity in tokens (default: unlimited for the slice).",
+    capacity: Annotated[str | None, typer.Option(
+        "--capacity", "-c", help="Usable KV capacity in tokens, or 'inf' (default: unlimited for the slice).",
         rich_help_panel=_CAP, show_default=False)] = None,
-    block_size: Annotated[int, typer.Option("--block-size", help="APC block size (1, 16, 32, 64, ...).",
-                                            rich_help_panel=_CAP)] = 16,
-    page_size: Annotated[int, typer.Option("--page-size", help="Radix page size.", rich_help_panel=_CAP)] = 1,
+    block_size: BlockSizeOpt = DEFAULT["block_size"],
+    page_size: PageSizeOpt = DEFAULT["page_size"],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the JSON results, report and figures.",
                                       rich_help_panel=_OUT)] = Path("out/gpu-validate"),
     calibration_out: Annotated[Path | None, typer.Option(
@@ -93,7 +95,7 @@ def gpu_validate(
         raise KvsimError(f"no log given and the bundled trace {DEFAULT_TRACE} is missing; pass a LOG path")
     if policy not in ("apc", "radix"):
         raise ConfigError(f"--policy must be apc or radix, got {policy!r}")
-    sim = SimOptions(capacity_tokens=parse_capacity_tokens(capacity_tokens), block_size=block_size,
+    sim = SimOptions(capacity_tokens=parse_capacity_tokens(capacity), block_size=block_size,
                      page_size=page_size)
     if out.exists() and not out.is_dir():
         raise KvsimError(f"{out}: exists and is not a directory")

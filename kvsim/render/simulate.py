@@ -58,7 +58,7 @@ def render_simulation(console: Console, trace: Trace, runs: dict[str, ReplayResu
         table.add_row(label, *[_fmt(s.get(key), pattern) if key in s else "-" for s in summaries.values()])
     console.print(table)
     if all(r.capacity_tokens is None for r in runs.values()):
-        console.print("[dim]No capacity given: the cache is unlimited (upper bound). Use --capacity-tokens, "
+        console.print("[dim]No capacity given: the cache is unlimited (upper bound). Use --capacity, "
                       "--num-gpu-blocks, --max-total-tokens, --kv-cache-memory or --model with --gpu.[/]")
     if options.gpu and not (options.num_gpu_blocks or options.max_total_tokens or options.capacity_tokens
                             or options.kv_cache_memory):

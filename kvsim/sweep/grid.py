@@ -141,10 +141,10 @@ def parse_eviction_policies(text: str | Sequence[Any]) -> list[str]:
     from kvsim.cache.radix.evict import POLICIES
 
     out: list[str] = []
-    for item in split_list(text, "--eviction-policy"):
+    for item in split_list(text, "--eviction"):
         name = item.lower()
         if name not in POLICIES:
-            raise ConfigError(f"--eviction-policy: unknown policy {item!r}; choose from {', '.join(POLICIES)}")
+            raise ConfigError(f"--eviction: unknown eviction policy {item!r}; choose from {', '.join(POLICIES)}")
         if name not in out:
             out.append(name)
     return out
