@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from kvsim.cache.base import Request
-from kvsim.cache.radix.reference import RadixCacheModel, namespace
-from kvsim.cache.radix.fast import FastRadixEngine
+from kvsim.cache.radix.reference import RadixReference, namespace
+from kvsim.cache.radix.fast import RadixFast
 from kvsim.cache.radix.settings import RadixSettings
 from kvsim.cache.radix.stats import tree_report
 from tests.oracle.sglang_workloads import make_workload
@@ -22,8 +22,8 @@ POLICIES = ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru"]
 
 
 def both(workload, **kw):
-    ref = RadixCacheModel(RadixSettings(**kw))
-    fast = FastRadixEngine(RadixSettings(**kw))
+    ref = RadixReference(RadixSettings(**kw))
+    fast = RadixFast(RadixSettings(**kw))
     rows_ref, rows_fast = [], []
     for i, (p, o, lora, salt) in enumerate(zip(workload.prompts, workload.outputs, workload.loras,
                                                  workload.salts)):

@@ -28,8 +28,8 @@ import numpy as np
 import pytest
 
 from kvsim.cache.base import Request
-from kvsim.cache.radix.reference import RadixCacheModel, namespace
-from kvsim.cache.radix.fast import FastRadixEngine
+from kvsim.cache.radix.reference import RadixReference, namespace
+from kvsim.cache.radix.fast import RadixFast
 from kvsim.cache.radix.settings import RadixSettings
 from tests.oracle.sglang_workloads import Workload, add_logprob_requests, make_workload, run_oracle
 
@@ -100,7 +100,7 @@ def test_fast_engine_matches_sglang(oracle, cfg):
     real = oracle[(p, [c for c in CONFIGS if c["page_size"] == p].index(cfg))]
     assert real["config"] == cfg
     w = _workload(p)
-    eng = FastRadixEngine(kvsim_settings(cfg))
+    eng = RadixFast(kvsim_settings(cfg))
     got = []
     for prompt, out, lora, salt in zip(w.prompts, w.outputs, w.loras, w.salts):
         o = eng.serve_tokens(np.concatenate([prompt, out]).astype(np.int64), len(prompt), len(out), namespace(lora, salt))
@@ -142,8 +142,8 @@ def logprob_oracle(tmp_path_factory):
     return {json.dumps(c, sort_keys=True): r for (_, cfgs), rs in zip(jobs, results) for c, r in zip(cfgs, rs)}
 
 
-def _serve_fast(cfg: dict, w: Workload, starts: list[int]) -> tuple[FastRadixEngine, list[tuple]]:
-    eng = FastRadixEngine(kvsim_settings(cfg))
+def _serve_fast(cfg: dict, w: Workload, starts: list[int]) -> tuple[RadixFast, list[tuple]]:
+    eng = RadixFast(kvsim_settings(cfg))
     got = []
     for prompt, out, lora, salt, start in zip(w.prompts, w.outputs, w.loras, w.salts, starts):
         o = eng.serve_tokens(np.concatenate([prompt, out]).astype(np.int64), len(prompt), len(out), namespace(lora, salt),
@@ -185,7 +185,7 @@ def test_reference_model_logprob_requests_match_sglang(logprob_oracle, cfg):
     """The readable model on the logprob workloads (a few configurations; it is slow)."""
     real = logprob_oracle[json.dumps(cfg, sort_keys=True)]
     w = _logprob_workload(cfg["page_size"])
-    m = RadixCacheModel(kvsim_settings(cfg))
+    m = RadixReference(kvsim_settings(cfg))
     got = []
     for i, (prompt, out, lora, salt, start) in enumerate(zip(w.prompts, w.outputs, w.loras, w.salts, w.starts())):
         o = m.serve(Request(str(i), prompt, out, lora=lora, cache_salt=salt, logprob_start_len=start))
@@ -218,7 +218,7 @@ def test_reference_model_matches_sglang(oracle, cfg):
     p = cfg["page_size"]
     real = oracle[(p, [c for c in CONFIGS if c["page_size"] == p].index(cfg))]
     w = _workload(p)
-    m = RadixCacheModel(kvsim_settings(cfg))
+    m = RadixReference(kvsim_settings(cfg))
     got = []
     for i, (prompt, out, lora, salt) in enumerate(zip(w.prompts, w.outputs, w.loras, w.salts)):
         o = m.serve(Request(str(i), prompt, out, lora=lora, cache_salt=salt))
@@ -290,7 +290,7 @@ def test_scenarios_on_the_real_flow(tmp_path):
     # and kvsim agrees on every one of them
     for (w, cfgs), rs in zip(jobs, res):
         for c, r in zip(cfgs, rs):
-            eng = FastRadixEngine(kvsim_settings(c))
+            eng = RadixFast(kvsim_settings(c))
             outs = [eng.serve_tokens(np.concatenate([p, o]).astype(np.int64), len(p), len(o), None)
                     for p, o in zip(w.prompts, w.outputs)]
             assert [o.cached_tokens for o in outs] == r["cached"]

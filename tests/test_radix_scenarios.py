@@ -15,8 +15,8 @@ import pytest
 
 from kvsim.cache.base import Request
 from kvsim.cache.radix.tree import RadixTree
-from kvsim.cache.radix.reference import RadixCacheModel
-from kvsim.cache.radix.fast import FastRadixEngine
+from kvsim.cache.radix.reference import RadixReference
+from kvsim.cache.radix.fast import RadixFast
 from kvsim.cache.radix.settings import RadixSettings
 
 FLAVORS = ["unified", "classic"]
@@ -227,10 +227,10 @@ def serve_all(reqs, engine="reference", **kw):
     """Serve (prompt, outputs) pairs one at a time; returns cached tokens and the model."""
     kw = {"capacity": 100_000, **kw}
     if engine == "reference":
-        m = RadixCacheModel(RadixSettings(**kw))
+        m = RadixReference(RadixSettings(**kw))
         out = [m.serve(Request(str(i), np.array(p), np.array(o))) for i, (p, o) in enumerate(reqs)]
     else:
-        m = FastRadixEngine(RadixSettings(**kw))
+        m = RadixFast(RadixSettings(**kw))
         out = [m.serve_tokens(np.array(p + o, np.int64), len(p), len(o), None) for p, o in reqs]
     return out, m
 
@@ -241,7 +241,7 @@ def engine(request):
 
 
 def paths(m):
-    return m.tree.paths() if isinstance(m, RadixCacheModel) else m.paths()
+    return m.tree.paths() if isinstance(m, RadixReference) else m.paths()
 
 
 def test_16_len_minus_one_and_the_next_turn(engine, flavor):
@@ -254,11 +254,11 @@ def serve_starts(reqs, engine, **kw):
     """Serve (prompt, outputs, logprob_start_len) triples one at a time."""
     kw = {"capacity": 100_000, **kw}
     if engine == "reference":
-        m = RadixCacheModel(RadixSettings(**kw))
+        m = RadixReference(RadixSettings(**kw))
         out = [m.serve(Request(str(i), np.array(p), np.array(o), logprob_start_len=s))
                for i, (p, o, s) in enumerate(reqs)]
     else:
-        m = FastRadixEngine(RadixSettings(**kw))
+        m = RadixFast(RadixSettings(**kw))
         out = [m.serve_tokens(np.array(p + o, np.int64), len(p), len(o), None, s) for p, o, s in reqs]
     total = m.total_size if engine == "fast" else m.tree.total_size
     return out, total

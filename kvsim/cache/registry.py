@@ -52,10 +52,10 @@ class Design:
 
 DESIGNS: dict[str, Design] = {
     "apc": Design("apc", "vLLM APC", "kvsim.cache.apc.settings:APCSettings",
-                  "kvsim.cache.apc.reference:APCCache", "kvsim.cache.apc.fast:FastAPCEngine",
+                  "kvsim.cache.apc.reference:APCReference", "kvsim.cache.apc.fast:APCFast",
                   "kvsim.cache.apc.metrics:replay_report", "kvsim.cache.apc.settings:EXTRA_KEYS"),
     "radix": Design("radix", "SGLang radix", "kvsim.cache.radix.settings:RadixSettings",
-                    "kvsim.cache.radix.reference:RadixCacheModel", "kvsim.cache.radix.fast:FastRadixEngine",
+                    "kvsim.cache.radix.reference:RadixReference", "kvsim.cache.radix.fast:RadixFast",
                     "kvsim.cache.radix.stats:replay_report", "kvsim.cache.radix.settings:EXTRA_KEYS"),
 }
 

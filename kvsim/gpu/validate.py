@@ -255,7 +255,7 @@ def _run(trace: Trace, opts: ValidateOptions, cfg: LlamaConfig, device, dtype, a
 
     from kvsim.replay.driver import replay
     from kvsim.gpu.block_tables import SlotLedger
-    from kvsim.gpu.engines import build_cache_model
+    from kvsim.gpu.cache_models import build_cache_model
     from kvsim.gpu.llama import LlamaModel
     from kvsim.replay.requests import iter_requests
 

@@ -161,12 +161,12 @@ def measured_mask(n: int, warmup: float = 0.0) -> np.ndarray:
 
 def _chained_units(trace: Trace, unit: int, hash_algo: str, engine_version: str | None):
     """APC's own block keys (prompt + outputs, namespaces) at block size ``unit``."""
-    from kvsim.cache.apc.fast import FastAPCEngine
+    from kvsim.cache.apc.fast import APCFast
     from kvsim.cache.apc.settings import APCSettings
     from kvsim.replay.requests import workload
 
     settings = APCSettings(block_size=unit, hash_algo=hash_algo, engine_version=engine_version)
-    return settings, FastAPCEngine(settings).workload(workload(trace))
+    return settings, APCFast(settings).workload(workload(trace))
 
 
 def _sequence_inputs(work, unit: int, read: np.ndarray) -> dict[str, Any]:

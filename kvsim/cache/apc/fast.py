@@ -330,7 +330,7 @@ def run_sequential(i0, i1, L, M, read, keys, key_off, B, N, unhashed_to_head,
         st[ST_EVICTED] += ev
 
 
-class FastAPCEngine(SequentialCache):
+class APCFast(SequentialCache):
     """vLLM APC's compiled sequential engine, on one pool that lives across calls.
 
     :meth:`replay` hashes a whole workload at once and runs the compiled loop over it in

@@ -2,7 +2,7 @@
 
 ``APCManager`` is vLLM 0.33's ``KVCacheManager`` for one full-attention group:
 ``get_computed_blocks`` (lookup), ``allocate_slots`` (touch hits, pop new blocks, cache
-full ones) and ``free``. ``APCCache`` drives it the way vLLM's scheduler does, one request
+full ones) and ``free``. ``APCReference`` drives it the way vLLM's scheduler does, one request
 at a time (:class:`kvsim.cache.base.PrefixCache`). Tests use this model as the oracle for
 the compiled engine (``apc_fast``); the real vLLM code is the oracle for both.
 """
@@ -201,7 +201,7 @@ class APCManager:
         return [b.block_id for b in self.req_to_blocks.get(seq.request_id, [])]
 
 
-class APCCache(PrefixCache):
+class APCReference(PrefixCache):
     """vLLM APC driven as the scheduler drives it: admit, one decode per token, free (§4).
 
     ``admit`` looks up and allocates the whole prompt, then samples the first output token;
@@ -226,7 +226,7 @@ class APCCache(PrefixCache):
         self._seqs: dict[str, Sequence] = {}
 
     @classmethod
-    def for_workload(cls, settings: APCSettings, work) -> "APCCache":
+    def for_workload(cls, settings: APCSettings, work) -> "APCReference":
         """The model for replaying ``work``; an unlimited pool holds every block it takes."""
         if settings.num_gpu_blocks is None:
             settings = replace(settings, num_gpu_blocks=rules.unlimited_num_blocks(

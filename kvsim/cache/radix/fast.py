@@ -27,7 +27,7 @@ from kvsim.cache.radix.tree import LazyHeapTree, Node
 UNLIMITED = 1 << 62
 
 
-class FastRadixEngine(SequentialCache):
+class RadixFast(SequentialCache):
     """One SGLang radix cache and its allocator (token counts only), serving requests one at a time."""
 
     def __init__(self, settings: RadixSettings | None = None) -> None:

@@ -117,7 +117,7 @@ class RequestState:
         return np.concatenate([self.prompt, self.outputs[:n_out]])
 
 
-class RadixCacheModel(PrefixCache):
+class RadixReference(PrefixCache):
     """The request-level SGLang radix cache with its allocator (sequential driver)."""
 
     def __init__(self, settings: RadixSettings | None = None) -> None:

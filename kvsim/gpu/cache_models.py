@@ -31,18 +31,18 @@ class CacheModel:
 
 
 def build_apc(trace: Trace, options: SimOptions) -> CacheModel:
-    """vLLM APC (:class:`kvsim.cache.apc.reference.APCCache`), as a replay's reference model is built."""
+    """vLLM APC (:class:`kvsim.cache.apc.reference.APCReference`), as a replay's reference model is built."""
     from dataclasses import replace
 
     from kvsim.cache.apc import rules
-    from kvsim.cache.apc.reference import APCCache
+    from kvsim.cache.apc.reference import APCReference
     from kvsim.cache.apc.settings import APCSettings
 
     st = APCSettings.from_options(options)
     b = st.block_size
     slice_blocks = rules.unlimited_num_blocks(trace.prompt_lengths, np.maximum(trace.output_lengths, 1), b)
     num_blocks = slice_blocks if st.num_gpu_blocks is None else st.num_gpu_blocks
-    cache = APCCache(replace(st, num_gpu_blocks=num_blocks))
+    cache = APCReference(replace(st, num_gpu_blocks=num_blocks))
 
     def running_pages(req: Request, n: int) -> np.ndarray | None:
         table = cache.block_table(req)
@@ -56,21 +56,21 @@ def build_apc(trace: Trace, options: SimOptions) -> CacheModel:
 
 
 def build_radix(trace: Trace, options: SimOptions) -> CacheModel:
-    """SGLang RadixAttention (:class:`kvsim.cache.radix.reference.RadixCacheModel`), as a
+    """SGLang RadixAttention (:class:`kvsim.cache.radix.reference.RadixReference`), as a
     replay's reference model is built.
 
     Admission tables hold one slot per token at page size 1 and page ids above it; a
     running request's ``row`` (SGLang's ``req_to_token``) holds one slot per token.
     Slot 0 / page 0 is SGLang's padding and never handed out.
     """
-    from kvsim.cache.radix.reference import RadixCacheModel
+    from kvsim.cache.radix.reference import RadixReference
     from kvsim.cache.radix.settings import RadixSettings
 
     st = RadixSettings.from_options(options)
     if st.finish != "length":
         raise ConfigError("gpu-validate follows requests that finish by length only (finish='length')")
     p = st.page_size
-    cache = RadixCacheModel(st)
+    cache = RadixReference(st)
     # unlimited: slots are never reused; a request allocates at most L + M + 1 slots plus a page
     L = trace.prompt_lengths
     slice_pages = int(np.sum(-(-(L + np.maximum(trace.output_lengths, 1) + 1) // p) + 1)) + 2
