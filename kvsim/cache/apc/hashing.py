@@ -204,20 +204,41 @@ def _fmix(h):
     return h ^ (h >> np.uint64(33))
 
 
+# The compiled hash in three steps, shared by every chained-key kernel (APC's blocks, the
+# sweep's prompt blocks, the analyzer's prefix index): start a block under its parent,
+# mix in its tokens, finish it with its length.
+
+@njit(cache=True, inline="always")
+def block_start(parent, every_key, first_key):
+    """The state of a block's hash before its tokens: its parent and its namespace keys."""
+    acc = _round(np.uint64(parent) ^ np.uint64(_P3), np.uint64(every_key))
+    return _round(acc, np.uint64(first_key))
+
+
+@njit(cache=True, inline="always")
+def block_token(acc, token):
+    """Mix one token id into a block's hash state."""
+    return _round(acc, np.uint64(np.int64(token)))
+
+
+@njit(cache=True, inline="always")
+def block_end(acc, length):
+    """A block's key from its hash state and its length in tokens (never 0)."""
+    h = _fmix(acc ^ np.uint64(length))
+    return h if h != np.uint64(0) else np.uint64(1)
+
+
 @njit(cache=True)
 def fast_hash_sequence(tokens, start_block, num_blocks, block_size, parent, every_key, first_key, out):
     """Hash blocks ``start_block .. start_block+num_blocks-1`` of one token array into ``out``."""
     h = np.uint64(parent)
     for j in range(num_blocks):
         b = start_block + j
-        acc = _round(h ^ np.uint64(_P3), np.uint64(every_key))
-        acc = _round(acc, np.uint64(first_key) if b == 0 else np.uint64(0))
+        acc = block_start(h, every_key, np.uint64(first_key) if b == 0 else np.uint64(0))
         base = b * block_size
         for k in range(block_size):
-            acc = _round(acc, np.uint64(np.int64(tokens[base + k])))
-        h = _fmix(acc ^ np.uint64(block_size))
-        if h == np.uint64(0):
-            h = np.uint64(1)
+            acc = block_token(acc, tokens[base + k])
+        h = block_end(acc, block_size)
         out[j] = h
 
 
@@ -238,19 +259,15 @@ def fast_hash_requests(prompt_tok, prompt_off, out_tok, out_off, num_blocks, blo
         ek = np.uint64(every_keys[i])
         fk = np.uint64(first_keys[i])
         for j in range(num_blocks[i]):
-            acc = _round(h ^ np.uint64(_P3), ek)
-            acc = _round(acc, fk if j == 0 else np.uint64(0))
+            acc = block_start(h, ek, fk if j == 0 else np.uint64(0))
             base = j * block_size
             for k in range(block_size):
                 pos = base + k
                 if pos < plen:
-                    t = np.int64(prompt_tok[p0 + pos])
+                    acc = block_token(acc, prompt_tok[p0 + pos])
                 else:
-                    t = np.int64(out_tok[o0 + pos - plen])
-                acc = _round(acc, np.uint64(t))
-            h = _fmix(acc ^ np.uint64(block_size))
-            if h == np.uint64(0):
-                h = np.uint64(1)
+                    acc = block_token(acc, out_tok[o0 + pos - plen])
+            h = block_end(acc, block_size)
             out[hash_off[i] + j] = h
 
 
