@@ -17,14 +17,13 @@ import numba as nb
 import numpy as np
 
 from kvsim.cache.apc.hashing import block_end, block_start, block_token
+from kvsim.kernels.table import probe
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLD = np.uint64(0x9E3779B97F4A7C15)
 _K1 = np.uint64(0xD6E8FEB86659FD93)
 _K2 = np.uint64(0xA0761D6478BD642F)
-_ONE = np.uint64(1)
-_ZERO = np.uint64(0)
 H0 = np.uint64(0x243F6A8885A308D3)  # start value of a span fingerprint
 
 
@@ -41,46 +40,6 @@ def step(h, tok, t):
     """Add token ``tok`` at position ``t`` to a span fingerprint (an order-aware sum of
     mixed terms; not a prefix key: those are APC's chained hash)."""
     return h + mix64(nb.uint64(nb.int64(tok)) * _K1 + nb.uint64(t) * _GOLD + _K2)
-
-
-@nb.njit(inline="always")
-def probe(keys, key):
-    """Slot holding ``key``, or the empty slot where it would go."""
-    mask = nb.uint64(len(keys) - 1)
-    s = (key * _GOLD) >> nb.uint64(20)
-    s = s & mask
-    while True:
-        k = keys[s]
-        if k == key or k == _ZERO:
-            return s
-        s = (s + _ONE) & mask
-
-
-@nb.njit(cache=True)
-def _rehash(keys, vals, new_keys, new_vals):
-    for s in range(len(keys)):
-        k = keys[s]
-        if k != _ZERO:
-            t = probe(new_keys, k)
-            new_keys[t] = k
-            new_vals[t] = vals[s]
-
-
-def new_table(capacity: int) -> tuple[np.ndarray, np.ndarray]:
-    cap = 1 << max(4, int(capacity - 1).bit_length())
-    return np.zeros(cap, np.uint64), np.zeros(cap, np.int64)
-
-
-def grow_table(keys: np.ndarray, vals: np.ndarray, need: int) -> tuple[np.ndarray, np.ndarray]:
-    """A table with room for ``need`` entries at load <= 1/2, holding the old entries."""
-    cap = len(keys)
-    while cap < 2 * need:
-        cap *= 2
-    if cap == len(keys):
-        return keys, vals
-    nk, nv = np.zeros(cap, np.uint64), np.zeros(cap, np.int64)
-    _rehash(keys, vals, nk, nv)
-    return nk, nv
 
 
 @nb.njit(inline="always")
@@ -371,41 +330,3 @@ def pair_prefixes(tok, off, a_rows, ext_tok, ext_off, b_rows, b_use_ext, max_ski
         out[k, 2] = da
         out[k, 3] = db
         out[k, 4] = run
-
-
-@nb.njit(cache=True)
-def stack_distances(ids, num_ids):
-    """LRU stack distance of every access in ``ids`` (Mattson, with a Fenwick tree).
-
-    dist[t] = number of distinct ids accessed strictly between the previous access of
-    ids[t] and t; -1 for a first access.
-    """
-    m = len(ids)
-    tree = np.zeros(m + 1, np.int32)
-    last = np.full(num_ids, -1, np.int64)
-    dist = np.full(m, -1, np.int64)
-    for t in range(m):
-        x = ids[t]
-        p = last[x]
-        if p >= 0:
-            # ones in (p, t): positions holding the latest access of some id
-            s = 0
-            j = t  # prefix sum over positions [0, t-1] -> Fenwick index t
-            while j > 0:
-                s += tree[j]
-                j -= j & (-j)
-            j = p + 1
-            while j > 0:
-                s -= tree[j]
-                j -= j & (-j)
-            dist[t] = s
-            j = p + 1
-            while j <= m:
-                tree[j] -= 1
-                j += j & (-j)
-        j = t + 1
-        while j <= m:
-            tree[j] += 1
-            j += j & (-j)
-        last[x] = t
-    return dist

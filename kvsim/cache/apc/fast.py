@@ -2,7 +2,8 @@
 
 Same rules as the reference model (spec ``vllm_apc.md §2–§4``), on arrays instead of
 objects: the free queue is a doubly linked list over block ids, the cache map an
-open-addressing table from 64-bit block keys to the earliest block registered under the key,
+open-addressing table (:mod:`kvsim.kernels.table`) from 64-bit block keys to the earliest
+block registered under the key,
 with an insertion-ordered list per key for duplicates. In a sequential replay one request
 runs alone from admission to free, so its whole life is applied at once, which gives the
 same state as vLLM's step-by-step calls:
@@ -30,6 +31,7 @@ from kvsim.cache.apc.rules import fits_ever_jit, kept_blocks_jit, lookup_cap_blo
 from kvsim.cache.apc.settings import APCSettings
 from kvsim.cache.base import Progress, Request, SequentialCache, Served, ServedColumns, Workload
 from kvsim.errors import ConfigError
+from kvsim.kernels.table import delete, grow_table, new_table, probe, table_size
 
 _EMPTY = -1
 
@@ -110,27 +112,15 @@ class FastState:
         self.key = np.zeros(n, np.uint64)          # 0 = no hash
         self.dnext = np.full(n, -1, np.int32)      # next block with the same key
         self.dprev = np.full(n, -1, np.int32)      # previous one; the first holds the last
-        size = 16
-        while size < 2 * max(max_keys, 1):
-            size *= 2
-        self.tkeys = np.zeros(size, np.uint64)
-        self.theads = np.full(size, _EMPTY, np.int32)
-        self.shift = 64 - int(np.log2(size))
+        # the cache map: block key -> the earliest block registered under it (kvsim.kernels.table)
+        self.tkeys, self.theads = new_table(table_size(max_keys), np.int32)
         self.st = np.zeros(8, np.int64)
         self.st[ST_EMPTY] = n - 1
         self.buf = np.zeros(max(max_request_blocks, 1), np.int32)
 
     def reserve(self, max_keys: int, max_request_blocks: int) -> None:
         """Grow the key table (rehashed) and the request buffer when later work needs more."""
-        size = len(self.tkeys)
-        if size < 2 * max_keys:
-            while size < 2 * max_keys:
-                size *= 2
-            old_keys, old_heads = self.tkeys, self.theads
-            self.tkeys = np.zeros(size, np.uint64)
-            self.theads = np.full(size, _EMPTY, np.int32)
-            self.shift = 64 - int(np.log2(size))
-            _rehash(old_keys, old_heads, self.tkeys, self.theads, self.shift)
+        self.tkeys, self.theads = grow_table(self.tkeys, self.theads, max_keys)
         if len(self.buf) < max_request_blocks:
             self.buf = np.zeros(max_request_blocks, np.int32)
 
@@ -145,7 +135,7 @@ class FastState:
     def cached_blocks(self) -> dict[int, list[int]]:
         """key -> registered block ids, earliest first (for tests)."""
         out: dict[int, list[int]] = {}
-        for s in np.flatnonzero(self.theads != _EMPTY):
+        for s in np.flatnonzero(self.tkeys != 0):
             b, chain = int(self.theads[s]), []
             while b != -1:
                 chain.append(b)
@@ -156,49 +146,25 @@ class FastState:
 
 # -- compiled pieces -----------------------------------------------------------------------
 
-@njit(cache=True, inline="always")
-def _slot(key, shift):
-    return np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(shift))
+@njit(cache=True)
+def _get(tkeys, theads, key):
+    """The earliest block cached under ``key``, or -1."""
+    s = probe(tkeys, key)
+    return theads[s] if tkeys[s] == key else _EMPTY
 
 
 @njit(cache=True)
-def _rehash(old_keys, old_heads, tkeys, theads, shift):
-    mask = len(tkeys) - 1
-    for i in range(len(old_keys)):
-        if old_heads[i] != _EMPTY:
-            s = _slot(old_keys[i], shift)
-            while theads[s] != _EMPTY:
-                s = (s + 1) & mask
-            tkeys[s] = old_keys[i]
-            theads[s] = old_heads[i]
-
-
-@njit(cache=True)
-def _get(tkeys, theads, shift, key):
-    mask = len(tkeys) - 1
-    s = _slot(key, shift)
-    while theads[s] != _EMPTY:
-        if tkeys[s] == key:
-            return theads[s]
-        s = (s + 1) & mask
-    return _EMPTY
-
-
-@njit(cache=True)
-def _insert(tkeys, theads, shift, dnext, dprev, key, b):
+def _insert(tkeys, theads, dnext, dprev, key, b):
     """Register block b under key, after any blocks already there (no de-duplication)."""
-    mask = len(tkeys) - 1
-    s = _slot(key, shift)
-    while theads[s] != _EMPTY:
-        if tkeys[s] == key:
-            first = theads[s]
-            last = dprev[first]
-            dnext[last] = b
-            dprev[b] = last
-            dnext[b] = -1
-            dprev[first] = b
-            return 0
-        s = (s + 1) & mask
+    s = probe(tkeys, key)
+    if tkeys[s] == key:
+        first = theads[s]
+        last = dprev[first]
+        dnext[last] = b
+        dprev[b] = last
+        dnext[b] = -1
+        dprev[first] = b
+        return 0
     tkeys[s] = key
     theads[s] = b
     dprev[b] = b
@@ -207,37 +173,14 @@ def _insert(tkeys, theads, shift, dnext, dprev, key, b):
 
 
 @njit(cache=True)
-def _delete_slot(tkeys, theads, shift, s):
-    """Empty slot s of the linear-probing table, shifting later entries back."""
-    mask = len(tkeys) - 1
-    i = s
-    theads[i] = _EMPTY
-    j = i
-    while True:
-        j = (j + 1) & mask
-        if theads[j] == _EMPTY:
-            return
-        k = _slot(tkeys[j], shift)
-        if (i <= j and i < k <= j) or (i > j and (k > i or k <= j)):
-            continue
-        tkeys[i] = tkeys[j]
-        theads[i] = theads[j]
-        theads[j] = _EMPTY
-        i = j
-
-
-@njit(cache=True)
-def _remove(tkeys, theads, shift, dnext, dprev, key, b):
+def _remove(tkeys, theads, dnext, dprev, key, b):
     """Unregister block b from key; the key stays while other blocks hold it."""
-    mask = len(tkeys) - 1
-    s = _slot(key, shift)
-    while tkeys[s] != key or theads[s] == _EMPTY:
-        s = (s + 1) & mask
+    s = probe(tkeys, key)
     first = theads[s]
     nxt = dnext[b]
     if b == first:
         if nxt == -1:
-            _delete_slot(tkeys, theads, shift, s)
+            delete(tkeys, theads, s)
             return 1
         dprev[nxt] = dprev[b]
         theads[s] = nxt
@@ -253,7 +196,7 @@ def _remove(tkeys, theads, shift, dnext, dprev, key, b):
 
 @njit(cache=True)
 def run_sequential(i0, i1, L, M, read, keys, key_off, B, N, unhashed_to_head,
-                   qnext, qprev, head, tail, key, dnext, dprev, tkeys, theads, shift, st, buf,
+                   qnext, qprev, head, tail, key, dnext, dprev, tkeys, theads, st, buf,
                    out_cached, out_rejected, out_evicted):
     """Replay requests i0..i1-1, one at a time, each from admission to free."""
     for i in range(i0, i1):
@@ -268,7 +211,7 @@ def run_sequential(i0, i1, L, M, read, keys, key_off, B, N, unhashed_to_head,
         if read[i]:
             cap = lookup_cap_blocks_jit(Li, B)
             while h < cap:
-                b = _get(tkeys, theads, shift, keys[k0 + h])
+                b = _get(tkeys, theads, keys[k0 + h])
                 if b == _EMPTY:
                     break
                 buf[h] = b
@@ -287,7 +230,7 @@ def run_sequential(i0, i1, L, M, read, keys, key_off, B, N, unhashed_to_head,
             qprev[n] = head
             k = key[b]
             if k != 0:  # lazy eviction: the hash goes when the block is reused (§3.3)
-                st[ST_KEYS] -= _remove(tkeys, theads, shift, dnext, dprev, k, b)
+                st[ST_KEYS] -= _remove(tkeys, theads, dnext, dprev, k, b)
                 key[b] = 0
                 ev += 1
             else:
@@ -302,7 +245,7 @@ def run_sequential(i0, i1, L, M, read, keys, key_off, B, N, unhashed_to_head,
             b = buf[j]
             k = keys[k0 + j]
             key[b] = k
-            st[ST_KEYS] += _insert(tkeys, theads, shift, dnext, dprev, k, b)
+            st[ST_KEYS] += _insert(tkeys, theads, dnext, dprev, k, b)
         # 4. free, last block first (§3.5)
         if unhashed_to_head:
             for j in range(total):  # prepend_n(reversed blocks): the last block ends first
@@ -388,7 +331,7 @@ class APCFast(SequentialCache):
             i1 = min(n, i0 + chunk)
             run_sequential(i0, i1, fw.prompt_len, fw.output_len, fw.read, fw.keys, fw.key_off, B,
                            self.num_blocks, self.settings.profile.free_unhashed_to_head, s.qnext, s.qprev,
-                           s.head, s.tail, s.key, s.dnext, s.dprev, s.tkeys, s.theads, s.shift, s.st, s.buf,
+                           s.head, s.tail, s.key, s.dnext, s.dprev, s.tkeys, s.theads, s.st, s.buf,
                            cached, rejected, evicted)
             if progress is not None:
                 progress(i1, n)
