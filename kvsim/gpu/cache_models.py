@@ -64,6 +64,7 @@ def build_radix(trace: Trace, options: SimOptions) -> CacheModel:
     Slot 0 / page 0 is SGLang's padding and never handed out.
     """
     from kvsim.cache.radix.reference import RadixReference
+    from kvsim.cache.radix.rules import ceil_page
     from kvsim.cache.radix.settings import RadixSettings
 
     st = RadixSettings.from_options(options)
@@ -73,7 +74,7 @@ def build_radix(trace: Trace, options: SimOptions) -> CacheModel:
     cache = RadixReference(st)
     # unlimited: slots are never reused; a request allocates at most L + M + 1 slots plus a page
     L = trace.prompt_lengths
-    slice_pages = int(np.sum(-(-(L + np.maximum(trace.output_lengths, 1) + 1) // p) + 1)) + 2
+    slice_pages = int(np.sum(ceil_page(L + np.maximum(trace.output_lengths, 1) + 1, p) // p + 1)) + 2
     num_pages = slice_pages if st.capacity is None else st.capacity // p + 1
 
     def running_pages(req: Request, n: int) -> np.ndarray | None:

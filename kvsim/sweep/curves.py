@@ -170,12 +170,14 @@ def _chained_units(trace: Trace, unit: int, hash_algo: str, engine_version: str 
 
 
 def _sequence_inputs(work, unit: int, read: np.ndarray) -> dict[str, Any]:
+    from kvsim.cache.apc import rules
+
     L, M = work.prompt_len, work.output_len
-    kept = work.key_off[1:] - work.key_off[:-1]            # floor((L+M-1)/unit), 0 when L == 0
-    peak = np.where(L > 0, -(-(L + M - 1) // unit), 0)     # ceil((L+M-1)/unit)
+    kept = work.key_off[1:] - work.key_off[:-1]            # rules.kept_blocks, 0 when L == 0
+    peak = np.where(L > 0, rules.peak_blocks(L, M, unit), 0)
     return {
         "keys": work.keys, "key_off": work.key_off,
-        "cap": np.where(read & (L > 0), (L - 1) // unit, 0).astype(np.int64),
+        "cap": np.where(read & (L > 0), rules.lookup_cap_blocks(L, unit), 0).astype(np.int64),
         "phi": (peak - kept).astype(np.int64),
         "foot": np.where(L > 0, peak, NEVER).astype(np.int64),
         "unit_w": unit, "last_w": np.full(len(L), unit, np.int64),
@@ -218,16 +220,17 @@ def radix_curve(trace: Trace, page_size: int = 1, eviction_policy: str = "lru", 
     p = int(page_size)
     unit = p if p > 1 else int(granule or RADIX_GRANULE)
     _, work = _chained_units(trace, unit, "fast", None)
+    from kvsim.cache.radix import rules
+
     inputs = _sequence_inputs(work, unit, np.ones(len(trace), bool))
-    starts = trace.logprob_start_len  # a logprob request matches at most its start (§2.1)
-    inputs["cap"] = np.where(starts >= 0, np.minimum(inputs["cap"], starts // unit), inputs["cap"])
     L = work.prompt_len
+    inputs["cap"] = np.where(L > 0, rules.max_prefix_lens(L, trace.logprob_start_len) // unit, 0)
     kept = work.key_off[1:] - work.key_off[:-1]
     peak = kept + inputs["phi"]
-    if p > 1:
-        peak = np.maximum(peak, -(-L // p) + 1)
+    if p > 1:   # the prefill's pages plus the extra page the allocator demands (§5.5)
+        peak = np.maximum(peak, rules.ceil_page(L, p) // p + 1)
     inputs["phi"] = np.where(L > 0, peak - kept, 0)
-    admit = -(-L // p) * p + p + 1
+    admit = rules.admission_need(L, p)
     inputs["admit"] = np.where(L > 0, admit, NEVER)
     inputs["foot"] = np.where(L > 0, -(-admit // unit), NEVER)
     exactness = ("approximate: whole-leaf eviction is not modelled"

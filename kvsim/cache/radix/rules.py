@@ -50,6 +50,12 @@ def max_prefix_len(prompt_len: int, logprob_start_len: int = -1) -> int:
     return max(limit, 0)
 
 
+def max_prefix_lens(prompt_len: np.ndarray, logprob_start_len: np.ndarray) -> np.ndarray:
+    """:func:`max_prefix_len` of every request (arrays)."""
+    limit = np.where(logprob_start_len >= 0, np.minimum(prompt_len - 1, logprob_start_len), prompt_len - 1)
+    return np.maximum(limit, 0)
+
+
 def match_capped(prompt_len: np.ndarray, logprob_start_len: np.ndarray) -> np.ndarray:
     """Requests whose logprob start cuts the match below ``len - 1`` (arrays; 0 skips the read)."""
     return (logprob_start_len >= 0) & (logprob_start_len < np.maximum(prompt_len - 1, 0))

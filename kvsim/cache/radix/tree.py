@@ -36,6 +36,7 @@ from typing import Hashable, Iterator
 import numpy as np
 
 from kvsim.cache.radix.evict import EvictionPolicy, make_policy
+from kvsim.cache.radix.rules import floor_page
 
 SCALE = 100_000  # sub-steps per tick for the unified match's per-level stamp offsets
 
@@ -117,7 +118,7 @@ class RadixTree:
         n = min(len(key), end - off)
         eq = key[:n] == tokens[off:off + n]
         m = n if eq[n - 1] and eq.all() else int(eq.argmin())
-        return m - m % self.page_size
+        return floor_page(m, self.page_size)
 
     @property
     def total_size(self) -> int:
@@ -127,8 +128,7 @@ class RadixTree:
     def match_prefix(self, tokens: np.ndarray, ns: Hashable = None, limit: int | None = None) -> tuple[int, Node]:
         """Longest cached prefix of ``tokens[:limit]`` (page-floored); splits the edge it ends in."""
         tokens = np.asarray(tokens, np.int64)
-        n = len(tokens) if limit is None else min(limit, len(tokens))
-        n -= n % self.page_size
+        n = floor_page(len(tokens) if limit is None else min(limit, len(tokens)), self.page_size)
         root = self.root
         if n <= 0:
             return 0, root   # an empty key returns at once, stamping nothing
