@@ -68,7 +68,7 @@ def _seq_trace(prompts, **kw):
 @pytest.mark.parametrize("version, queue", [("0.33", [1, 2, 3, 10, 9, 8, 7, 6, 5, 4]),
                                             ("0.11", [1, 2, 3, 6, 5, 4, 10, 9, 8, 7])])
 def test_sequential_s1(version, queue):
-    """S1's requests one at a time (one output token each), worked by hand from spec §3.5."""
+    """S1's requests one at a time (one output token each), worked by hand from docs/engines/apc.md §3.5."""
     trace = _seq_trace([C48 + [3] * 7, C48 + [3] * 5, C48 + [3] * 6, [99] * 160])
     result, final = both(trace, num_gpu_blocks=11, engine_version=version)
     assert result.cached_tokens.tolist() == [0, 48, 48, 0]
@@ -104,7 +104,7 @@ def test_namespaces_isolate_salts_and_adapters():
 
 
 def test_block_aligned_prompt_recomputes_its_last_block():
-    """N = kB: cap (kB-1)//B = k-1 blocks (spec §2.2)."""
+    """N = kB: cap (kB-1)//B = k-1 blocks (docs/engines/apc.md §2.2)."""
     trace = _seq_trace([list(range(32)), list(range(32)), list(range(33)), list(range(17)), [5]])
     r = both(trace, num_gpu_blocks=50)[0]
     assert r.cached_tokens.tolist() == [0, 16, 32, 16, 0]

@@ -1,4 +1,4 @@
-"""Acceptance scenarios S1–S16 and M1–M2 of spec ``vllm_apc.md §6`` on the reference model.
+"""Acceptance scenarios S1–S16 and M1–M2 of ``docs/engines/apc.md §6`` on the reference model.
 
 "modern" is vLLM >= 0.24 (the 0.33 default), "legacy" <= 0.23 (``--engine-version 0.11``).
 Modern numbers were re-checked against the real vLLM 0.33.0 manager.

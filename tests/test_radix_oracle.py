@@ -116,7 +116,7 @@ def test_fast_engine_matches_sglang(oracle, cfg):
         assert [tuple(x) for x in real["paths"]] == eng.paths()
 
 
-# Logprob requests (issue: prompt logprobs cap the match at logprob_start_len, §2.1):
+# Logprob requests (issue: prompt logprobs cap the match at logprob_start_len, docs/engines/radix.md §2.1):
 # prompt logprobs (start 0), explicit starts (many cutting inside a page), output-only
 # logprobs (no cap), starts past the prompt (SGLang refuses them), ignored starts.
 LOGPROB_CONFIGS = (
@@ -230,7 +230,7 @@ def test_reference_model_matches_sglang(oracle, cfg):
 
 
 def test_scenarios_on_the_real_flow(tmp_path):
-    """§9 scenarios 16-19, 25 and 26, and the waiting-prefix refresh and overlap-order
+    """docs/engines/radix.md §9 scenarios 16-19, 25 and 26, and the waiting-prefix refresh and overlap-order
     scenarios of test_radix_scenarios.py, through the real scheduler flow, both trees."""
     from tests.test_radix_scenarios import overlap_workload, refresh_workload
 
@@ -355,7 +355,7 @@ def test_replay_radix_on_mooncake_matches_sglang(tmp_path):
 
 
 def test_tree_scenarios_match_the_real_trees():
-    """§9 scenarios 1-14 and 0.5.23's tree rules, on the real trees and on kvsim's."""
+    """docs/engines/radix.md §9 scenarios 1-14 and 0.5.23's tree rules, on the real trees and on kvsim's."""
     import json
     import subprocess
     from pathlib import Path

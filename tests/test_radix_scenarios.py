@@ -1,4 +1,4 @@
-"""The test scenarios of ``specs/sglang_radix.md §9``, with their exact numbers.
+"""The test scenarios of ``docs/engines/radix.md §9``, with their exact numbers.
 
 Every number here was confirmed against the real SGLang 0.5.23 code (``RadixCache`` and
 both cores of ``UnifiedRadixCache``) before it was written down: the tree-level ones

@@ -73,8 +73,8 @@ def namespace_roots(trace: Trace, salt: bool = True, lora: bool = True) -> np.nd
     """Root key per request: requests share prefixes only under equal roots.
 
     vLLM puts the cache salt into block 0's extra keys and the LoRA name into every block
-    (specs/vllm_apc.md §1.3); SGLang's extra_key is cache_salt + lora id
-    (specs/sglang_radix.md §1.2). Either way a (salt, lora) pair is a separate namespace.
+    (docs/engines/apc.md §1.3); SGLang's extra_key is cache_salt + lora id
+    (docs/engines/radix.md §1.2). Either way a (salt, lora) pair is a separate namespace.
     """
     n = len(trace)
     s = (trace.cache_salt.astype(np.int64) + 1) if salt else np.zeros(n, np.int64)

@@ -5,7 +5,7 @@ Three models share the stack pass of :mod:`kvsim.sweep.stack`:
 - ``apc``: vLLM APC (sequential replay). Units are B-token blocks; a request leaves its
   ``floor((L+M-1)/B)`` full blocks cached, holds one more partial block while it runs,
   hits at most ``floor((L-1)/B)`` blocks, and is rejected where ``ceil((L+M-1)/B)`` blocks
-  exceed the usable ones (``vllm_apc.md §2.2, §3.5, §4.1``). Exact — the same hits as the
+  exceed the usable ones (``docs/engines/apc.md §2.2, §3.5, §4.1``). Exact — the same hits as the
   replay — at every capacity that rejects no request, unless a block written twice (the
   last block of a block-aligned prompt, a prompt-logprob request) is re-used while both
   copies survive (see ``stack.py``).
@@ -207,8 +207,8 @@ def radix_curve(trace: Trace, page_size: int = 1, eviction_policy: str = "lru", 
 
     A request of L prompt tokens generating k keeps ``floor_page(L + k - 1)`` tokens in the
     tree, hits at most ``floor_page(L - 1)`` (a logprob request at most its
-    ``logprob_start_len``; ``sglang_radix.md §2.1, §3.3``), holds one
-    extra free page while its prefill allocates (page > 1, §5.5), and is admitted when
+    ``logprob_start_len``; ``docs/engines/radix.md §2.1, §3.3``), holds one
+    extra free page while its prefill allocates (page > 1, radix §5.5), and is admitted when
     the pool holds ``ceil_page(L) + page + 1`` tokens. At page size 1 the units are
     ``granule``-token blocks, so each hit is rounded down to a multiple of the granule.
     """
@@ -227,7 +227,7 @@ def radix_curve(trace: Trace, page_size: int = 1, eviction_policy: str = "lru", 
     inputs["cap"] = np.where(L > 0, rules.max_prefix_lens(L, trace.logprob_start_len) // unit, 0)
     kept = work.key_off[1:] - work.key_off[:-1]
     peak = kept + inputs["phi"]
-    if p > 1:   # the prefill's pages plus the extra page the allocator demands (§5.5)
+    if p > 1:   # the prefill's pages plus the extra page the allocator demands (radix §5.5)
         peak = np.maximum(peak, rules.ceil_page(L, p) // p + 1)
     inputs["phi"] = np.where(L > 0, peak - kept, 0)
     admit = rules.admission_need(L, p)

@@ -3,8 +3,8 @@
 The model (a Mattson stack adapted to prefix chains). Each request is a chain of units
 (blocks or pages, identified by prefix-chained keys). After a request ends, its units go
 on top of a recency stack, **tail first**: the last unit lowest, the first unit on top —
-vLLM's free order (``vllm_apc.md §3.5``: released in reverse, so a sequence's tail is
-evicted before its prefix) and the radix tree's leaf-first LRU eviction (``sglang_radix.md
+vLLM's free order (``docs/engines/apc.md §3.5``: released in reverse, so a sequence's tail is
+evicted before its prefix) and the radix tree's leaf-first LRU eviction (``docs/engines/radix.md
 §5``). A cache of C units holds the C top units. While request i runs it also holds
 ``phi[i]`` transient units (a partial last block) that are not kept afterwards, so a unit
 survives request i only if its depth plus ``phi[i]`` fits. The cache of every size is the
@@ -57,7 +57,7 @@ def stack_pass(keys, key_off, cap, phi, foot, measured, unit_w, last_w, ghost_ph
             unhashed blocks to the queue tail).
         forward: push a request's units first-to-last (plain LRU order) instead of tail first.
         dedup: a unit past the lookup cap that is still cached is re-used (radix insert),
-            instead of written again as a second copy (vLLM, ``vllm_apc.md §3.3``).
+            instead of written again as a second copy (vLLM, ``docs/engines/apc.md §3.3``).
         out_thr, out_w: int64 outputs, at least ``cap.sum()`` long.
 
     Returns:

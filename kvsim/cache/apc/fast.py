@@ -1,6 +1,6 @@
 """The fast APC engine: the sequential replay of ``apc.py`` as one compiled loop over flat arrays.
 
-Same rules as the reference model (spec ``vllm_apc.md §2–§4``), on arrays instead of
+Same rules as the reference model (``docs/engines/apc.md §2–§4``), on arrays instead of
 objects: the free queue is a doubly linked list over block ids, the cache map an
 open-addressing table (:mod:`kvsim.kernels.table`) from 64-bit block keys to the earliest
 block registered under the key,

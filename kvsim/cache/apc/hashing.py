@@ -1,4 +1,4 @@
-"""Block hashing for the APC model: prefix-chained hashes of full blocks (spec ``vllm_apc.md §1``).
+"""Block hashing for the APC model: prefix-chained hashes of full blocks (``docs/engines/apc.md §1``).
 
 Block *i* of a sequence (tokens ``[i*B, (i+1)*B)``) gets ``H((parent, tokens_i, extra_i))``
 where ``parent`` is the previous block's hash (NONE_HASH for block 0) and ``extra_i`` holds
@@ -76,7 +76,7 @@ def none_hash_seed() -> str:
 
 
 def none_hash(algo: str, seed: str | None = None) -> bytes:
-    """The parent hash of every block 0 (vLLM ``init_none_hash``, spec §1.1)."""
+    """The parent hash of every block 0 (vLLM ``init_none_hash``, docs/engines/apc.md §1.1)."""
     return hash_function(algo)(none_hash_seed() if seed is None else seed)
 
 
@@ -89,7 +89,7 @@ def extra_keys(
 ) -> tuple[Any, ...] | None:
     """The extra keys of the block covering tokens ``[start, end)``, as vLLM 0.33 builds them.
 
-    Order (spec §1.3; ``generate_block_hash_extra_keys``): LoRA ``("lora", name, path)`` on
+    Order (docs/engines/apc.md §1.3; ``generate_block_hash_extra_keys``): LoRA ``("lora", name, path)`` on
     every block, then ``("mm", identifier, offset - start)`` for each mm item overlapping the
     block, then ``("cache_salt", salt)`` on the first block only. None when empty.
     """

@@ -1,4 +1,4 @@
-"""vLLM's prefix-cache hit-rate metrics (spec ``vllm_apc.md §5``; vLLM ``v1/metrics/stats.py``).
+"""vLLM's prefix-cache hit-rate metrics (``docs/engines/apc.md §5``; vLLM ``v1/metrics/stats.py``).
 
 ``PrefixCacheStats`` collects one scheduler step's lookups; ``CachingMetrics`` is the
 sliding window behind the log line "Prefix cache hit rate: X%" (the most recent 1000

@@ -1,4 +1,4 @@
-"""vLLM's KV block pool, readable (spec ``vllm_apc.md §3``; vLLM ``v1/core/block_pool.py``).
+"""vLLM's KV block pool, readable (``docs/engines/apc.md §3``; vLLM ``v1/core/block_pool.py``).
 
 Three pieces: blocks with reference counts; the free queue, a doubly linked list of every
 block with ``ref_cnt == 0`` in eviction order (head = next victim), which keeps cached blocks
@@ -93,7 +93,7 @@ class BlockHashMap:
         return len(self._cache)
 
     def get_one(self, key: Hashable) -> Block | None:
-        """The earliest-inserted block still registered under ``key`` (spec §2.2)."""
+        """The earliest-inserted block still registered under ``key`` (docs/engines/apc.md §2.2)."""
         blocks = self._cache.get(key)
         return next(iter(blocks.values())) if blocks else None
 
@@ -120,7 +120,7 @@ class BlockHashMap:
 class BlockPool:
     """``num_blocks`` blocks, block 0 reserved as the null block (usable: ``num_blocks - 1``).
 
-    ``free_unhashed_to_head`` selects vLLM's free order (spec §3.5, §7): True (0.24+, the
+    ``free_unhashed_to_head`` selects vLLM's free order (docs/engines/apc.md §3.5, §7): True (0.24+, the
     0.33 default) puts freed blocks without a hash at the head and hashed ones at the tail;
     False (<= 0.23) appends all of them to the tail.
     """

@@ -1,4 +1,4 @@
-"""vLLM Automatic Prefix Caching, readable: the reference model (spec ``vllm_apc.md §1–§5``).
+"""vLLM Automatic Prefix Caching, readable: the reference model (``docs/engines/apc.md §1–§5``).
 
 ``APCManager`` is vLLM 0.33's ``KVCacheManager`` for one full-attention group:
 ``get_computed_blocks`` (lookup), ``allocate_slots`` (touch hits, pop new blocks, cache

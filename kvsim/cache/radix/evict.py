@@ -2,7 +2,7 @@
 
 Mirrors ``sglang/srt/mem_cache/evict_policy.py`` (0.5.23). The eviction walk pops the
 evictable leaf with the smallest ``priority(node)`` first (a min-heap, spec
-``sglang_radix.md §5.3``). All eight strategies of the file are here; SGLang's CLI
+``docs/engines/radix.md §5.3``). All eight strategies of the file are here; SGLang's CLI
 (``--radix-eviction-policy``) accepts only :data:`CLI_POLICIES`, the other three are
 reachable only through its Python API.
 """

@@ -1,4 +1,4 @@
-"""The fast radix engine: the reference model's decisions (:mod:`kvsim.cache.radix.reference`)
+"""The fast radix engine (sections: docs/engines/radix.md): the reference model's decisions (:mod:`kvsim.cache.radix.reference`)
 on the same tree (:mod:`kvsim.cache.radix.tree`) and the same rules
 (:mod:`kvsim.cache.radix.rules`), tuned for replaying long traces.
 

@@ -1,4 +1,5 @@
-"""SGLang RadixAttention as its scheduler drives it, one request at a time (reference model).
+"""SGLang RadixAttention as its scheduler drives it, one request at a time (reference model;
+sections: docs/engines/radix.md).
 
 The life of a lone request in SGLang 0.5.23 (``scheduler.py``, ``schedule_policy.py``,
 ``schedule_batch.py``, ``mem_cache/common.py``, ``mem_cache/allocation.py``), each

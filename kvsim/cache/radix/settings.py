@@ -1,4 +1,5 @@
-"""The radix model's settings: SGLang's own options, typed, frozen and checked once where built.
+"""The radix model's settings: SGLang's own options, typed, frozen and checked once where built
+(sections: docs/engines/radix.md).
 
 Defaults are a default SGLang 0.5.23 server's. In :class:`kvsim.replay.options.SimOptions`
 the radix-only settings travel in ``extra`` under the keys of :data:`EXTRA_KEYS`:

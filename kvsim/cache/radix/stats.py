@@ -72,7 +72,7 @@ def format_tree(tree: Any, max_nodes: int = 60) -> str:
 def replay_report(settings, implementation: str, cache, work, cols) -> tuple[dict, dict, np.ndarray]:
     """A sequential replay's resolved configuration, its extra figures (SGLang's own
     counters, the tree at the end) and, per request, whether its match was uncapped
-    (a logprob start cuts it, §2.1)."""
+    (a logprob start cuts it, docs/engines/radix.md §2.1)."""
     from dataclasses import asdict
 
     from kvsim.cache.radix.rules import match_capped
