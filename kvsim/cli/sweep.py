@@ -82,7 +82,7 @@ def sweep(
         parse_ints,
         parse_policies,
     )
-    from kvsim.sweep.runner import EXECUTORS, make_executor
+    from kvsim.sweep.executors import EXECUTORS, make_executor
 
     names = parse_policies(policy)
     parse_capacities(capacity, model)

@@ -20,7 +20,7 @@ from kvsim.sweep.grid import (
     parse_ints,
     parse_policies,
 )
-from kvsim.sweep.runner import Executor, run_points
+from kvsim.sweep.executors import Executor, run_points
 
 #: summary figures kept as columns, in this order
 FIGURES = ("token_hit_rate", "vllm_logged_hit_rate", "sglang_logged_hit_rate", "request_hit_rate",

@@ -190,7 +190,17 @@ class APCManager:
         self.num_cached_block.pop(seq.request_id, None)
         self.pool.free_blocks(reversed(blocks))
 
+    @property
+    def usage(self) -> float:
+        """KVCacheManager.usage: the share of usable blocks not free (the null block excluded)."""
+        return self.pool.usage
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
     def reset_prefix_cache(self) -> bool:
+        """Drop every cached hash (vLLM refuses while a block is in use); True if done."""
         if not self.pool.reset_prefix_cache():
             return False
         if self.prefix_cache_stats is not None:

@@ -12,9 +12,9 @@ import pytest
 from kvsim.errors import ConfigError, KvsimError
 from kvsim.io.trace import Trace
 from kvsim.sweep import run_sweep, sweep
-from kvsim.sweep import runner as runner_mod
+from kvsim.sweep import executors as runner_mod
 from kvsim.sweep.grid import expand_grid, parse_capacities
-from kvsim.sweep.runner import (
+from kvsim.sweep.executors import (
     ProcessExecutor,
     RayExecutor,
     SerialExecutor,
