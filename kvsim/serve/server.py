@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import signal
 import socket
 import sys
 
@@ -59,10 +60,18 @@ def serve(config: ServeConfig, announce=print) -> None:
         announce(f"recording to {rec.path}{note}")
     announce(f"listening on http://{host}:{port}/v1")
     sys.stdout.flush()
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal: end quietly
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
     finally:
         if proxy is not None:
             proxy.close_sync()
         service.close()
         sock.close()
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
