@@ -46,10 +46,18 @@ class Server:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
-def _start(cmd: list[str], log: Path, timeout: float = 60.0) -> Server:
-    err = open(log, "w")
+def _spawn(cmd: list[str], log: Path) -> tuple[subprocess.Popen, Path]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=HERE.parent)
+    with open(log, "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=HERE.parent)
+    return proc, log
+
+
+def _start(cmd: list[str], log: Path, timeout: float = 60.0) -> Server:
+    return _wait(*_spawn(cmd, log), timeout)
+
+
+def _wait(proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> Server:
     deadline = time.monotonic() + timeout
     seen = []
     while time.monotonic() < deadline:
@@ -66,10 +74,32 @@ def _start(cmd: list[str], log: Path, timeout: float = 60.0) -> Server:
     raise RuntimeError(f"server did not start: {''.join(seen)} {log.read_text(errors='replace')}")
 
 
+def _kvsim_cmd(args) -> list[str]:
+    return [sys.executable, "-c", "from kvsim.cli import main; main()", "serve", *args]
+
+
 def start_kvsim(tmp_path: Path, *args: str, name: str = "serve") -> Server:
     """``kvsim serve --port 0 ARGS`` in a subprocess; returns once it listens."""
-    cmd = [sys.executable, "-c", "from kvsim.cli import main; main()", "serve", "--port", "0", *args]
-    return _start(cmd, tmp_path / f"{name}.log")
+    return _start(_kvsim_cmd(["--port", "0", *args]), tmp_path / f"{name}.log")
+
+
+def start_kvsims(tmp_path: Path, specs: dict[str, list[str]]) -> dict[str, Server]:
+    """Several servers started at once (start-up is mostly imports: they overlap).
+    ``{port}`` in an argument is replaced by the port chosen for the first server."""
+    port = free_port()
+    procs = {}
+    for i, (name, args) in enumerate(specs.items()):
+        args = [a.replace("{port}", str(port)) for a in args]
+        procs[name] = _spawn(_kvsim_cmd(["--port", str(port) if i == 0 else "0", *args]), tmp_path / f"{name}.log")
+    return {name: _wait(*pl) for name, pl in procs.items()}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def start_fake_upstream(tmp_path: Path, *args: str) -> Server:

@@ -13,21 +13,28 @@ import json
 import numpy as np
 import pytest
 
-from serve_helpers import common_prefix, read_record, start_kvsim, unlimited_cache_oracle
+from serve_helpers import common_prefix, read_record, start_kvsims, unlimited_cache_oracle
 
 MODEL = "meta-llama/Meta-Llama-3-8B-Instruct"
 
 
-@pytest.fixture(scope="module", params=["apc", "radix"])
-def server(request, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp(f"serve_{request.param}")
-    record = tmp / "record.jsonl"
-    srv = start_kvsim(tmp, "--policy", request.param, "--served-model-name", MODEL, "--record", str(record),
-                      "--lora-modules", "team_a=/models/lora/team_a", "--lora-modules", "team_b=/models/lora/team_b")
-    srv.policy = request.param
-    srv.record = record
-    yield srv
-    assert srv.stop() == 0, srv.stderr()
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve")
+    specs = {policy: ["--policy", policy, "--served-model-name", MODEL, "--record", str(tmp / f"{policy}.jsonl"),
+                      "--lora-modules", "team_a=/models/lora/team_a", "--lora-modules", "team_b=/models/lora/team_b"]
+             for policy in ("apc", "radix")}
+    started = start_kvsims(tmp, specs)
+    for policy, srv in started.items():
+        srv.policy, srv.record = policy, tmp / f"{policy}.jsonl"
+    yield started
+    for srv in started.values():
+        assert srv.stop() == 0, srv.stderr()
+
+
+@pytest.fixture(params=["apc", "radix"])
+def server(request, servers):
+    return servers[request.param]
 
 
 def _by_id(server) -> dict[str, dict]:

@@ -168,7 +168,7 @@ class Proxy:
         output_ids = result.get("token_ids")
         if not (isinstance(output_ids, list) and all(isinstance(t, int) for t in output_ids)):
             output_ids = self._reply_ids(prep.kind, text, finish)
-        upstream = {"status": status, "prompt_tokens": _int(usage.get("prompt_tokens")),
+        upstream = {"status": status, "id": result.get("id"), "prompt_tokens": _int(usage.get("prompt_tokens")),
                     "completion_tokens": _int(usage.get("completion_tokens")), "cached_tokens": served_cached,
                     "finish_reason": finish, "latency_ms": round((time.perf_counter() - t0) * 1000, 3),
                     "error": error}
@@ -205,6 +205,7 @@ class SseCollector:
         self.ids_complete = True
         self.finish_reason: str | None = None
         self.usage: dict | None = None
+        self.id: str | None = None
 
     def feed(self, chunk: bytes) -> None:
         self._buf += chunk
@@ -224,6 +225,8 @@ class SseCollector:
                 self._event(event)
 
     def _event(self, event: dict) -> None:
+        if self.id is None and isinstance(event.get("id"), str):
+            self.id = event["id"]
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]
         choices = event.get("choices")
@@ -243,7 +246,7 @@ class SseCollector:
             self.finish_reason = choice["finish_reason"]
 
     def result(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"text": "".join(self.parts), "finish_reason": self.finish_reason,
+        out: dict[str, Any] = {"id": self.id, "text": "".join(self.parts), "finish_reason": self.finish_reason,
                                "usage": self.usage or {}}
         if self.token_ids and self.ids_complete:
             out["token_ids"] = self.token_ids
@@ -254,7 +257,8 @@ def _unary_result(body: Any) -> dict[str, Any]:
     """Reply text, finish reason, usage and token ids of a non-streamed answer."""
     if not isinstance(body, dict):
         return {}
-    out: dict[str, Any] = {"usage": body.get("usage") if isinstance(body.get("usage"), dict) else {}}
+    out: dict[str, Any] = {"id": body.get("id"),
+                           "usage": body.get("usage") if isinstance(body.get("usage"), dict) else {}}
     choices = body.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         choice = choices[0]

@@ -80,8 +80,10 @@ class CacheService:
         self.metrics.engine_state(self.engine.state())
 
     # -- 1. prepare ----------------------------------------------------------------------
-    def resolve_model(self, model: str | None, lora_path: str | None = None) -> tuple[str, str | None]:
-        """(name to answer with, LoRA adapter or None); an unknown name is a 404 as in vLLM."""
+    def resolve_model(self, model: str | None, lora_path: str | None = None,
+                      strict: bool = True) -> tuple[str, str | None]:
+        """(name to answer with, LoRA adapter or None); an unknown name is a 404 as in vLLM,
+        or (``strict=False``, proxy mode: the server knows its names) the base model."""
         base = self.config.served_model_name
         adapters = self.config.lora_modules
         lora = None
@@ -92,10 +94,14 @@ class CacheService:
                 head, _, tail = model.partition(":")   # SGLang: "base-model:adapter"
                 if head.strip() == base and tail.strip() in adapters:
                     lora = tail.strip()
+                elif not strict:
+                    return model, None
                 else:
                     raise ApiError(f"The model `{model}` does not exist. Valid aliases: {base}.", 404,
                                    "NotFoundError", "model")
         if lora is None and lora_path:
+            if lora_path not in adapters and not strict:
+                return base, lora_path
             if lora_path not in adapters:
                 raise ApiError(f"LoRA adapter {lora_path} does not exist", 404, "NotFoundError", "lora_path")
             lora = lora_path
@@ -105,7 +111,7 @@ class CacheService:
                 headers: Mapping[str, str] | None = None, strict: bool = True) -> Prepared:
         """Step 1. ``strict=False`` (proxy mode) skips the output budget checks: the real
         server decides those."""
-        model, lora = self.resolve_model(req.model, req.lora_path)
+        model, lora = self.resolve_model(req.model, req.lora_path, strict)
         if kind == "chat":
             prompt_ids = self.prompter.chat(req.messages)
             text = {"messages": req.messages}
