@@ -25,8 +25,8 @@ class Recorder:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.existing_lines = _count_lines(self.path)
         try:
+            self.existing_lines = _count_lines(self.path)
             # O_APPEND: every write lands at the end, whatever else has the file open
             self._file: TextIO = open(self.path, "a", encoding="utf-8", buffering=1)
         except OSError as e:
