@@ -141,3 +141,13 @@ def unlimited_cache_oracle(lines: list[dict], policy: str, block_size: int = 16)
         outputs = line["output_token_ids"] or [-1]
         held.append((ns, prompt + outputs[:-1]))
     return out
+
+
+def wait_for_record(path: Path, lines: int, timeout: float = 15.0) -> list[dict]:
+    """The record once it has ``lines`` lines (a proxy writes right after answering)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = read_record(path) if Path(path).exists() else []
+        if len(rows) >= lines or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.02)

@@ -12,7 +12,7 @@ import json
 import httpx
 import pytest
 
-from serve_helpers import read_record, start_fake_upstream, start_kvsim, start_kvsims
+from serve_helpers import read_record, start_fake_upstream, start_kvsim, start_kvsims, wait_for_record
 
 MODEL = "kvsim"
 
@@ -69,7 +69,7 @@ def _drive(client) -> list[str]:
 def test_proxy_to_kvsim_agrees_on_every_request(pair, capsys):
     upstream, proxy = pair
     ids = _drive(proxy.client())
-    lines = read_record(proxy.record)
+    lines = wait_for_record(proxy.record, len(ids))
     assert [line["upstream"]["id"] for line in lines] == ids   # every request, once, in order
     compared = [line for line in lines if line["upstream"]["cached_tokens"] is not None]
     assert len(compared) == len(lines) - 1                   # the stream without include_usage
@@ -148,7 +148,7 @@ def test_disagreements_errors_and_delays_are_reported(scripted, capsys):
                      headers={"Content-Type": "application/json"})
     assert bad.status_code == 400 and "fake: invalid JSON" in bad.text   # forwarded, the server's answer
 
-    lines = read_record(proxy.record)
+    lines = wait_for_record(proxy.record, 8)
     assert [line["upstream"]["id"] for line in lines[:3]] == ["fake-a", "fake-b", "fake-c"]
     assert len(lines) == 8                          # all but the unreadable body, none lost
     status = [line["upstream"]["status"] for line in lines]

@@ -32,18 +32,27 @@ def _serve_all(engine, trace) -> list[int]:
     SimOptions(capacity_tokens=5000, block_size=32, hash_algo="sha256"),
 ], ids=["finite", "unlimited", "unlimited-0.11", "finite-sha256"])
 def test_apc_adapter_equals_replay(options):
-    """Request by request, the served cached_tokens are the sequential replay's."""
-    from kvsim.replay.apc import replay_apc
+    """Request by request, the served cached_tokens are the sequential replay's; with a
+    finite pool the whole final pool (free queue order, cache map) is the step-by-step
+    reference replay's too, so decoding a lone request's tokens at once changes nothing."""
+    from kvsim.replay.apc import replay_apc, replay_apc_detailed
 
     trace = random_trace(7, Mix(n=500, block_size=options.block_size))
     engine = build_engine("apc", options)
     served = _serve_all(engine, trace)
     assert served == replay_apc(trace, options).cached_tokens.tolist()
+    pool = engine.cache.pool
     if options.capacity_tokens is None:
-        assert engine.cache.pool.num_blocks > 1024       # the growth path ran
-        assert engine.cache.pool.num_evicted == 0
+        assert pool.num_blocks > 1024       # the growth path ran
+        assert pool.num_evicted == 0
     else:
-        assert engine.cache.pool.num_evicted > 0
+        result, final = replay_apc_detailed(trace, options, engine="reference")
+        assert served == result.cached_tokens.tolist()
+        assert pool.num_evicted > 0 and pool.num_evicted == int(result.evictions.sum())
+        assert pool.free_block_ids() == final.free_queue
+        assert (len(pool.cached), pool.cached.num_blocks()) == (final.map_keys, final.cached_blocks)
+        assert (engine.cache.queries, engine.cache.hits) == (result.extra["vllm_prefix_cache_queries"],
+                                                            result.extra["vllm_prefix_cache_hits"])
 
 
 @pytest.mark.parametrize("options", [

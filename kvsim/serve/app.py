@@ -103,8 +103,12 @@ def build_app(service: CacheService, proxy: Any = None) -> Starlette:
         if not prep.stream:
             return JSONResponse(response_body(answer))
         metrics.request_started()
+
+        async def finished() -> None:  # async: runs on the event loop, not in a worker thread
+            metrics.request_finished()
+
         return StreamingResponse(sse_events(answer, prep.include_usage, prep.continuous_usage),
-                                 media_type="text/event-stream", background=BackgroundTask(metrics.request_finished))
+                                 media_type="text/event-stream", background=BackgroundTask(finished))
 
     async def chat(request: Request) -> Response:
         return await complete(request, "chat")

@@ -108,12 +108,34 @@ class _ApcEngine(ServeEngine):
         before = cache.pool.num_evicted
         admission = cache.admit(req)
         assert admission is not None, "a request that fits an idle cache was refused"
-        for _ in range(len(req.output) - 1):
-            cache.decode(req)
+        self._decode_all(req)
         cache.finish(req)
         evicted = (cache.pool.num_evicted - before) * cache.page_size
         return Served(admission.cached_tokens, len(req.output), False, evicted,
                       len(req.prompt) - admission.cached_tokens)
+
+    def _decode_all(self, req: Request) -> None:
+        """The M - 1 decode steps of a lone request in one call to vLLM's manager.
+
+        Step by step, each decode computes the last sampled token (one slot, a new block
+        from the queue head at a block boundary, full blocks cached) and samples the next.
+        With no other request running nothing else touches the pool between steps, so
+        allocating the M - 1 slots at once pops the same blocks in the same order, evicts
+        the same hashes and caches the same full blocks of the L + M - 1 computed tokens;
+        the final state is the step-by-step one (``tests/test_serve_units.py`` compares the
+        whole pool with the reference replay's). The step-by-step loop costs a few
+        microseconds per generated token; this is what keeps the model off the critical path.
+        """
+        cache = self.cache
+        steps = len(req.output) - 1
+        if steps <= 0:
+            return
+        seq = cache._seqs[req.request_id]
+        seq.append([int(t) for t in req.output[1:]])        # samples 1..M-1 (hashes full blocks)
+        if cache.manager.allocate_slots(seq, steps) is None:  # computes tokens L..L+M-2
+            raise RuntimeError(f"no free block for request {req.request_id}")
+        seq.num_computed_tokens += steps
+        req.num_generated = len(req.output)
 
     def _ensure_no_eviction(self, need: int) -> None:
         """Unlimited capacity, as ``simulate`` models it: a pool so large that nothing is ever

@@ -52,7 +52,7 @@ class ServeMetrics:
             self._init_vllm(r, model_name, max_model_len)
         else:
             self._init_sglang(r, model_name)
-        self.model_seconds = Counter("kvsim:cache_model_seconds", "Seconds spent in the cache model.",
+        self.model_seconds = Counter("kvsim:cache_model_cpu_seconds", "CPU seconds spent in the cache model.",
                                      registry=r)
         self.held = Gauge("kvsim:held_tokens", "KV tokens the cache model holds (in use or cached).", registry=r)
         self.rejected = Counter("kvsim:rejected_requests", "Requests that cannot fit even an empty cache.",

@@ -27,6 +27,7 @@ import time
 from typing import Any, AsyncIterator
 
 import httpx
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -78,8 +79,11 @@ class Proxy:
         try:
             if not stream:
                 resp = await self.client.post(path, content=body, headers=self._headers(request))
-                self._finish_unary(prep, resp.status_code, resp.content, t0)
-                return Response(resp.content, status_code=resp.status_code, headers=_back(resp.headers))
+                # the answer goes out first; the cache model runs right after it is sent
+                latency = time.perf_counter() - t0
+                return Response(resp.content, status_code=resp.status_code, headers=_back(resp.headers),
+                                background=BackgroundTask(_on_loop, self._finish_unary, prep, resp.status_code,
+                                                          resp.content, latency))
             upstream = await self.client.send(
                 self.client.build_request("POST", path, content=body, headers=self._headers(request)), stream=True)
         except httpx.TimeoutException:
@@ -89,8 +93,10 @@ class Proxy:
         if upstream.status_code != 200:
             content = await upstream.aread()
             await upstream.aclose()
-            self._finish_unary(prep, upstream.status_code, content, t0)
-            return Response(content, status_code=upstream.status_code, headers=_back(upstream.headers))
+            latency = time.perf_counter() - t0
+            return Response(content, status_code=upstream.status_code, headers=_back(upstream.headers),
+                            background=BackgroundTask(_on_loop, self._finish_unary, prep, upstream.status_code, content,
+                                                      latency))
         return StreamingResponse(self._relay(prep, upstream, t0), status_code=200,
                                  headers=_back(upstream.headers))
 
@@ -111,7 +117,7 @@ class Proxy:
                 yield f"data: {event}\n\ndata: [DONE]\n\n".encode()
         finally:
             status, message = error if error is not None else (200, None)
-            self._finish(prep, status, collected.result(), message, t0)
+            self._finish(prep, status, collected.result(), message, time.perf_counter() - t0)
             await upstream.aclose()
 
     async def forward_get(self, request: Request, path: str) -> Response:
@@ -137,11 +143,12 @@ class Proxy:
 
     # -- comparing -------------------------------------------------------------------
     def _failed(self, prep: Prepared | None, status: int, message: str, t0: float) -> Response:
-        self._finish(prep, status, {}, message, t0)
         err_type = "GatewayTimeout" if status == 504 else "BadGateway"
-        return JSONResponse(error_body(message, status, err_type), status_code=status)
+        return JSONResponse(error_body(message, status, err_type), status_code=status,
+                            background=BackgroundTask(_on_loop, self._finish, prep, status, {}, message,
+                                                      time.perf_counter() - t0))
 
-    def _finish_unary(self, prep: Prepared | None, status: int, content: bytes, t0: float) -> None:
+    def _finish_unary(self, prep: Prepared | None, status: int, content: bytes, latency: float) -> None:
         try:
             body = json.loads(content)
         except ValueError:
@@ -150,10 +157,10 @@ class Proxy:
         if status >= 400:
             err = body.get("error") if isinstance(body, dict) else None
             message = (err.get("message") if isinstance(err, dict) else err) or content[:200].decode("utf-8", "replace")
-        self._finish(prep, status, _unary_result(body), str(message) if message is not None else None, t0)
+        self._finish(prep, status, _unary_result(body), str(message) if message is not None else None, latency)
 
     def _finish(self, prep: Prepared | None, status: int, result: dict[str, Any], error: str | None,
-                t0: float) -> None:
+                latency: float) -> None:
         """Step 3: the cache model serves the request; the record holds both answers."""
         metrics = self.service.metrics
         if status >= 400 or error is not None:
@@ -170,7 +177,7 @@ class Proxy:
             output_ids = self._reply_ids(prep.kind, text, finish)
         upstream = {"status": status, "id": result.get("id"), "prompt_tokens": _int(usage.get("prompt_tokens")),
                     "completion_tokens": _int(usage.get("completion_tokens")), "cached_tokens": served_cached,
-                    "finish_reason": finish, "latency_ms": round((time.perf_counter() - t0) * 1000, 3),
+                    "finish_reason": finish, "latency_ms": round(latency * 1000, 3),
                     "error": error}
         served = self.service.apply(prep, output_ids, reply_text=text, finish_reason=finish,
                                     extra={"upstream": upstream})
@@ -268,6 +275,12 @@ def _unary_result(body: Any) -> dict[str, Any]:
         if isinstance(choice.get("token_ids"), list):
             out["token_ids"] = choice["token_ids"]
     return out
+
+
+async def _on_loop(fn, *args) -> None:
+    """Run ``fn`` on the event loop (Starlette would run a plain function in a worker
+    thread): the cache model and the record are touched by one thread, one request at a time."""
+    fn(*args)
 
 
 def _asks_stream(body: bytes) -> bool:

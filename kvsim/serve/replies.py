@@ -14,8 +14,9 @@ ends by length.
 from __future__ import annotations
 
 import hashlib
-import random
 from dataclasses import dataclass
+
+import numpy as np
 
 from kvsim.io.tokenizers import Tokenizer
 from kvsim.workloads import words as vocab
@@ -49,7 +50,7 @@ class ReplyMaker:
     def make(self, num_tokens: int, key: bytes, finish: str = "length") -> Reply:
         """A reply of exactly ``num_tokens`` tokens (>= 1), the same for the same key."""
         digest = hashlib.sha256(self.seed.to_bytes(8, "little", signed=True) + key).digest()
-        rng = random.Random(int.from_bytes(digest[:8], "little"))
+        rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
         stop = finish == "stop" and self.stop_token_id is not None
         n_text = num_tokens - 1 if stop else num_tokens
         ids, pieces = self._text(n_text, rng)
@@ -57,11 +58,12 @@ class ReplyMaker:
             return Reply(ids + [self.stop_token_id], pieces + [""], "stop")
         return Reply(ids, pieces, "length")
 
-    def _text(self, n: int, rng: random.Random) -> tuple[list[int], list[str]]:
+    def _text(self, n: int, rng: np.random.Generator) -> tuple[list[int], list[str]]:
         if n <= 0:
             return [], []
         if len(self.words) >= 8:
-            chosen = [rng.choice(self.words) for _ in range(n)]
+            words = self.words
+            chosen = [words[i] for i in rng.integers(0, len(words), n).tolist()]
             pieces = [chosen[0]] + [" " + w for w in chosen[1:]]
             ids = self.tokenizer.encode("".join(pieces))
             if len(ids) == n:
@@ -69,10 +71,14 @@ class ReplyMaker:
         # a tokenizer that merges across words (or has none of them as single tokens):
         # enough letters, cut at n tokens
         letters = "etaoinshrdlucmfwyp"
-        text = "".join(rng.choice(letters) for _ in range(n))
+
+        def some(k: int) -> str:
+            return "".join(letters[i] for i in rng.integers(0, len(letters), k).tolist())
+
+        text = some(n)
         ids = self.tokenizer.encode(text)
         while len(ids) < n:
-            text += " " + "".join(rng.choice(letters) for _ in range(n))
+            text += " " + some(n)
             ids = self.tokenizer.encode(text)
         ids = ids[:n]
         pieces = [self.tokenizer.decode([i]) for i in ids]
