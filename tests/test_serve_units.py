@@ -25,20 +25,21 @@ def _serve_all(engine, trace) -> list[int]:
             for r in iter_requests(trace)]
 
 
+@pytest.mark.parametrize("engine", ["fast", "reference"])
 @pytest.mark.parametrize("options", [
     SimOptions(capacity_tokens=3000),                      # evictions
     SimOptions(),                                          # unlimited: the pool grows
     SimOptions(engine_version="0.11"),                     # unlimited, freed blocks to the tail
     SimOptions(capacity_tokens=5000, block_size=32, hash_algo="sha256"),
 ], ids=["finite", "unlimited", "unlimited-0.11", "finite-sha256"])
-def test_apc_adapter_equals_replay(options):
+def test_apc_adapter_equals_replay(options, engine):
     """Request by request, the served cached_tokens are the sequential replay's; with a
     finite pool the whole final pool (free queue order, cache map) is the step-by-step
     reference replay's too, so decoding a lone request's tokens at once changes nothing."""
     from kvsim.replay.apc import replay_apc, replay_apc_detailed
 
     trace = random_trace(7, Mix(n=500, block_size=options.block_size))
-    engine = build_engine("apc", options)
+    engine = build_engine("apc", options, engine)
     served = _serve_all(engine, trace)
     assert served == replay_apc(trace, options).cached_tokens.tolist()
     pool = engine.cache.pool
@@ -55,23 +56,25 @@ def test_apc_adapter_equals_replay(options):
                                                             result.extra["vllm_prefix_cache_hits"])
 
 
+@pytest.mark.parametrize("engine", ["fast", "reference"])
 @pytest.mark.parametrize("options", [
     SimOptions(capacity_tokens=2000),
     SimOptions(),
     SimOptions(capacity_tokens=4096, page_size=4, eviction_policy="lfu"),
     SimOptions(capacity_tokens=3000, extra={"finish": "stop", "overlap": False}),
 ], ids=["finite", "unlimited", "page4-lfu", "stop-no-overlap"])
-def test_radix_adapter_equals_replay(options):
+def test_radix_adapter_equals_replay(options, engine):
     from kvsim.replay.radix import replay_radix
 
     trace = random_trace(11, Mix(n=400))
-    served = _serve_all(build_engine("radix", options), trace)
-    assert served == replay_radix(trace, options).cached_tokens.tolist()
+    served = _serve_all(build_engine("radix", options, engine), trace)
+    assert served == replay_radix(trace, options, engine="reference").cached_tokens.tolist()
 
 
-def test_reset_forgets_and_requests_that_never_fit_are_rejected():
+@pytest.mark.parametrize("kind", ["fast", "reference"])
+def test_reset_forgets_and_requests_that_never_fit_are_rejected(kind):
     for policy in ("apc", "radix"):
-        engine = build_engine(policy, SimOptions(capacity_tokens=512))
+        engine = build_engine(policy, SimOptions(capacity_tokens=512), kind)
         prompt, out = np.arange(300), np.arange(1000, 1010)
         engine.serve("a", prompt, out)
         assert engine.serve("b", prompt, out).cached_tokens > 0
@@ -197,6 +200,7 @@ def test_metric_names_are_the_engines_own():
 @pytest.mark.parametrize("args,problem", [
     (["--policy", "all"], "--policy must be apc or radix"),
     (["--finish", "never"], "--finish must be length or stop"),
+    (["--engine", "turbo"], "--engine must be fast or reference"),
     (["--port", "70000"], "--port must be in"),
     (["--record", "/nonexistent-dir/rec.jsonl"], "does not exist"),
     (["--capacity-tokens", "1000", "--max-model-len", "4096"], "does not fit the KV cache"),

@@ -33,6 +33,9 @@ def serve(
     page_size: PageSizeOpt = 1,
     eviction_policy: EvictionPolicyOpt = "lru",
     engine_version: EngineVersionOpt = None,
+    engine: Annotated[str, typer.Option("--engine", help="fast (default: simulate's engines, the same answers "
+                                        "sooner) or reference (the readable models, step by step).",
+                                        rich_help_panel=_ENG)] = "fast",
     hash_algo: Annotated[str, typer.Option("--hash-algo", help="APC block hash: fast, sha256 or sha256_cbor.",
                                            rich_help_panel=_ENG)] = "fast",
     radix_tree: Annotated[str, typer.Option("--radix-tree", help="SGLang tree: unified or classic.",
@@ -106,7 +109,7 @@ def serve(
         extra=dict(radix_tree=radix_tree, overlap=not disable_overlap_schedule, eviction_amount=eviction_amount,
                    **({} if chunked_prefill_size is None else {"chunked_prefill_size": chunked_prefill_size})))
     config = ServeConfig(
-        policy=policy, options=options, tokenizer=tokenizer, chat_template=chat_template,
+        policy=policy, engine=engine, options=options, tokenizer=tokenizer, chat_template=chat_template,
         served_model_name=served_model_name, lora_modules=parse_lora_modules(lora_modules),
         max_model_len=max_model_len, default_max_tokens=default_max_tokens or None, finish=finish, seed=seed,
         host=host, port=port, api_key=api_key, max_body_bytes=max_body_bytes, record=record,

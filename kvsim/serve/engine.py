@@ -6,10 +6,12 @@ Each request goes through the engine exactly as the sequential replay of
 
 * ``apc`` — vLLM 0.33 APC, the reference model :class:`kvsim.cache.apc.APCCache` with the
   settings :func:`kvsim.replay.apc.apc_settings` resolves: ``fits_ever`` (else rejected,
-  cache untouched), ``admit`` → ``decode`` × (M − 1) → ``finish`` (``replay/apc.py``).
-* ``radix`` — SGLang 0.5.23 RadixAttention, the reference model
-  :class:`kvsim.cache.radix_cache.RadixCacheModel` with :func:`kvsim.replay.radix.radix_settings`,
-  one ``serve`` call per request (``replay/radix.py``).
+  cache untouched), ``admit`` → ``decode`` × (M − 1) → ``finish`` (``replay/apc.py``);
+  ``engine="fast"`` makes the M − 1 decode steps one call (:meth:`_ApcEngine._decode_all`).
+* ``radix`` — SGLang 0.5.23 RadixAttention with :func:`kvsim.replay.radix.radix_settings`,
+  one ``serve`` call per request (``replay/radix.py``): the fast engine
+  :class:`kvsim.cache.radix_fast.FastRadixEngine` (``engine="fast"``, what ``simulate``
+  runs) or the reference model :class:`kvsim.cache.radix_cache.RadixCacheModel`.
 
 Requests reach the engine one at a time, in the order the server applies them (see
 :mod:`kvsim.serve.service`); there is no notion of time yet.
@@ -27,6 +29,7 @@ from kvsim.errors import ConfigError
 from kvsim.replay.options import SimOptions
 
 POLICIES = ("apc", "radix")
+ENGINES = ("fast", "reference")
 #: blocks an unlimited APC pool starts with; it doubles whenever a request could evict
 _INITIAL_UNLIMITED_BLOCKS = 1024
 
@@ -86,7 +89,7 @@ class ServeEngine(ABC):
 class _ApcEngine(ServeEngine):
     policy = "apc"
 
-    def __init__(self, options: SimOptions) -> None:
+    def __init__(self, options: SimOptions, engine: str = "fast") -> None:
         from kvsim.cache.apc import APCCache
         from kvsim.replay.apc import apc_settings
 
@@ -96,6 +99,7 @@ class _ApcEngine(ServeEngine):
         blocks = _INITIAL_UNLIMITED_BLOCKS if self._unlimited else s.num_gpu_blocks
         self._make = lambda: APCCache(blocks, s.block_size, s.hash_algo, s.profile.version, s.lora_paths)
         self.cache = self._make()
+        self._step_by_step = engine == "reference"
 
     def serve(self, request_id, prompt, output, lora=None, cache_salt=None, prompt_logprobs=False) -> Served:
         cache = self.cache
@@ -108,7 +112,11 @@ class _ApcEngine(ServeEngine):
         before = cache.pool.num_evicted
         admission = cache.admit(req)
         assert admission is not None, "a request that fits an idle cache was refused"
-        self._decode_all(req)
+        if self._step_by_step:
+            for _ in range(len(req.output) - 1):
+                cache.decode(req)
+        else:
+            self._decode_all(req)
         cache.finish(req)
         evicted = (cache.pool.num_evicted - before) * cache.page_size
         return Served(admission.cached_tokens, len(req.output), False, evicted,
@@ -187,40 +195,49 @@ class _ApcEngine(ServeEngine):
 class _RadixEngine(ServeEngine):
     policy = "radix"
 
-    def __init__(self, options: SimOptions) -> None:
+    def __init__(self, options: SimOptions, engine: str = "fast") -> None:
         from kvsim.cache.radix_cache import RadixCacheModel
+        from kvsim.cache.radix_fast import FastRadixEngine
         from kvsim.replay.radix import radix_settings
 
         s = self._settings = radix_settings(options)
         self.capacity_tokens = s.capacity
-        self._make = lambda: RadixCacheModel(**s.engine_kwargs())
+        self._fast = engine == "fast"
+        self._make = lambda: (FastRadixEngine if self._fast else RadixCacheModel)(**s.engine_kwargs())
         self.model = self._make()
 
     def serve(self, request_id, prompt, output, lora=None, cache_salt=None, prompt_logprobs=False) -> Served:
-        req = Request(request_id, np.asarray(prompt, np.int64), np.asarray(output, np.int64), lora=lora,
-                      cache_salt=cache_salt, prompt_logprobs=prompt_logprobs)
-        o = self.model.serve(req)
+        from kvsim.cache.radix_cache import namespace
+
+        prompt, output = np.asarray(prompt, np.int64), np.asarray(output, np.int64)
+        if self._fast:
+            o = self.model.serve(np.concatenate([prompt, output]), len(prompt), len(output),
+                                 namespace(lora, cache_salt))
+        else:
+            o = self.model.serve(Request(request_id, prompt, output, lora=lora, cache_salt=cache_salt,
+                                         prompt_logprobs=prompt_logprobs))
         if o.rejected:
             return Served(0, 0, True, o.evicted_tokens, 0)
-        generated = min(len(req.output), max(o.max_new, 1))  # RadixCacheModel.new_state
+        generated = min(len(output), max(o.max_new, 1))  # RadixCacheModel.new_state
         return Served(o.cached_tokens, generated, False, o.evicted_tokens, o.extend_tokens)
 
     def reset(self) -> bool:
-        if self.model.active:
+        if not self._fast and self.model.active:
             return False
         self.model = self._make()  # SGLang flush_cache: a fresh tree and allocator when idle
         return True
 
     def state(self) -> EngineState:
         m = self.model
-        tree = m.tree
         cap = self.capacity_tokens
-        held = m.used_tokens()
-        available = None if cap is None else int(m.available())
-        evictable = int(tree.evictable_size)
-        usage = 0.0 if cap is None else (cap - available - evictable) / cap
+        if self._fast:
+            held, available, evictable = m.total_size, m.avail, m.evictable
+        else:
+            held, available, evictable = m.used_tokens(), m.available(), m.tree.evictable_size
+        available = None if cap is None else int(available)
+        usage = 0.0 if cap is None else (cap - available - int(evictable)) / cap
         return EngineState(prefix_queries=0, prefix_hits=0, held_tokens=int(held), capacity_tokens=cap,
-                           available_tokens=available, evictable_tokens=evictable, usage=usage)
+                           available_tokens=available, evictable_tokens=int(evictable), usage=usage)
 
     def max_request_tokens(self) -> int | None:
         # SGLang admits when extend + min(M, 4096) + page < free + evictable and clips M to
@@ -237,10 +254,13 @@ class _RadixEngine(ServeEngine):
                 "finish": s.finish}
 
 
-def build_engine(policy: str, options: SimOptions) -> ServeEngine:
-    """The engine of ``policy`` with the settings ``simulate`` would use for ``options``."""
+def build_engine(policy: str, options: SimOptions, engine: str = "fast") -> ServeEngine:
+    """The engine of ``policy`` with the settings ``simulate`` would use for ``options``;
+    ``engine="reference"`` drives the readable models step by step (same answers, slower)."""
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown engine {engine!r}; choose fast or reference")
     if policy == "apc":
-        return _ApcEngine(options)
+        return _ApcEngine(options, engine)
     if policy == "radix":
-        return _RadixEngine(options)
+        return _RadixEngine(options, engine)
     raise ConfigError(f"unknown policy {policy!r} for serve; choose apc or radix")

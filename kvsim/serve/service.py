@@ -70,7 +70,7 @@ class CacheService:
         if config.policy == "radix":
             options = replace(options, extra={**options.extra, "finish": config.finish})
         self.options = options
-        self.engine = build_engine(config.policy, options)
+        self.engine = build_engine(config.policy, options, config.engine)
         self.max_model_len = config.resolve_max_model_len(self.engine.max_request_tokens())
         self.prompter = Prompter(config.tokenizer, config.chat_template)
         self.replies = ReplyMaker(self.prompter.tokenizer, self.prompter.eot_id, config.seed)
