@@ -102,9 +102,10 @@ def client(url: str):
     return OpenAI(base_url=url + "/v1", api_key="EMPTY", max_retries=0, timeout=120)
 
 
-def throughput(policy: str, requests: list[dict], adapters: list[str], clients: int, cpus) -> dict:
+def throughput(policy: str, requests: list[dict], adapters: list[str], clients: int, cpus,
+               engine: str = "fast") -> dict:
     lora = [a for name in adapters for a in ("--lora-modules", f"{name}=/adapters/{name}")]
-    server = Server(["--policy", policy, *lora], cpus["server"])
+    server = Server(["--policy", policy, "--engine", engine, *lora], cpus["server"])
     try:
         warm = client(server.url)
         warm.chat.completions.create(model="kvsim", messages=[{"role": "user", "content": "warm up"}], max_tokens=2)
@@ -147,13 +148,15 @@ def proxy_overhead(requests: list[dict], adapters: list[str], cpus) -> dict:
 
         one_pass(proxy.url)  # warm both servers
         direct = one_pass(upstream.url)
+        cpu0 = proxy.cpu_seconds()
         proxied = one_pass(proxy.url)
+        proxy_cpu = proxy.cpu_seconds() - cpu0
     finally:
         proxy.stop()
         upstream.stop()
     d, p = statistics.median(direct), statistics.median(proxied)
     return {"requests": len(requests), "direct_median_ms": 1000 * d, "proxied_median_ms": 1000 * p,
-            "overhead_ms": 1000 * (p - d)}
+            "overhead_ms": 1000 * (p - d), "proxy_cpu_ms_per_request": 1000 * proxy_cpu / len(requests)}
 
 
 def cpu_plan() -> dict:
@@ -174,26 +177,34 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--policies", default="apc,radix")
+    ap.add_argument("--engine", default="fast", help="the server's --engine (fast or reference)")
+    ap.add_argument("--no-proxy", action="store_true", help="skip the proxy measurement")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     requests, adapters = load_requests(args.log)
     cpus = cpu_plan()
     print(f"{args.log.name}: {len(requests)} requests, {len(adapters)} adapters; servers on CPUs {cpus['server']}, "
           f"clients on {cpus['client']}")
-    results: dict = {"log": str(args.log.name), "runs": args.runs, "clients": args.clients, "throughput": {},
-                     "proxy": None}
+    results: dict = {"log": str(args.log.name), "runs": args.runs, "clients": args.clients, "engine": args.engine,
+                     "throughput": {}, "proxy": None}
     for policy in args.policies.split(","):
-        runs = [throughput(policy, requests * args.repeat, adapters, args.clients, cpus) for _ in range(args.runs)]
+        runs = [throughput(policy, requests * args.repeat, adapters, args.clients, cpus, args.engine)
+                for _ in range(args.runs)]
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         results["throughput"][policy] = {"median": med, "runs": runs}
-        print(f"{policy}: {med['req_per_s']:.0f} req/s with {args.clients} clients; server CPU "
+        print(f"{policy} ({args.engine}): {med['req_per_s']:.0f} req/s with {args.clients} clients; server CPU "
               f"{med['server_cpu_ms_per_request']:.2f} ms/request, of which the cache model "
               f"{med['model_ms_per_request']:.2f} ms ({100 * med['model_share_of_server_cpu']:.0f}%)")
-    runs = [proxy_overhead(requests, adapters, cpus) for _ in range(args.runs)]
-    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    results["proxy"] = {"median": med, "runs": runs}
-    print(f"proxy: median latency {med['direct_median_ms']:.2f} ms direct, {med['proxied_median_ms']:.2f} ms "
-          f"through kvsim serve --upstream: {med['overhead_ms']:+.2f} ms per request")
+    if args.no_proxy:
+        runs = []
+    else:
+        runs = [proxy_overhead(requests, adapters, cpus) for _ in range(args.runs)]
+    if runs:
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        results["proxy"] = {"median": med, "runs": runs}
+        print(f"proxy: median latency {med['direct_median_ms']:.2f} ms direct, {med['proxied_median_ms']:.2f} ms "
+            f"through kvsim serve --upstream: {med['overhead_ms']:+.2f} ms per request "
+            f"(the proxy's CPU: {med['proxy_cpu_ms_per_request']:.2f} ms per request)")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2) + "\n")

@@ -58,6 +58,8 @@ def serve(config: ServeConfig, announce=print) -> None:
         rec = service.recorder
         note = f" (appending after {rec.existing_lines} existing lines)" if rec.existing_lines else ""
         announce(f"recording to {rec.path}{note}")
+    if config.api_key is None and config.host not in ("127.0.0.1", "localhost", "::1"):
+        announce(f"warning: listening on {config.host} without --api-key: anyone who can reach it can use it")
     announce(f"listening on http://{host}:{port}/v1")
     sys.stdout.flush()
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal: end quietly
