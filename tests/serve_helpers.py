@@ -126,7 +126,8 @@ def unlimited_cache_oracle(lines: list[dict], policy: str, block_size: int = 16)
     request reuses its longest prefix shared with any of them in its own namespace (LoRA
     adapter, cache_salt), at most ``len(prompt) - 1`` tokens (one is always recomputed);
     APC reuses whole blocks only (vLLM's chained block hashes), and none when the request
-    asks for prompt logprobs. Radix here is page size 1.
+    asks for prompt logprobs; radix matches at most a logprob request's
+    ``logprob_start_len``. Radix here is page size 1.
     """
     out = []
     held: list[tuple[tuple, list[int]]] = []
@@ -134,6 +135,8 @@ def unlimited_cache_oracle(lines: list[dict], policy: str, block_size: int = 16)
         prompt = line["prompt_token_ids"]
         ns = (line.get("lora"), line.get("cache_salt"))
         cap = len(prompt) - 1
+        if policy == "radix" and line.get("logprob_start_len", -1) >= 0:
+            cap = min(cap, line["logprob_start_len"])
         best = max((min(common_prefix(prompt, seq), cap) for key, seq in held if key == ns), default=0)
         if policy == "apc":
             best = 0 if line.get("prompt_logprobs") else best // block_size * block_size

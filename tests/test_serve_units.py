@@ -21,8 +21,8 @@ from kvsim.serve.engine import build_engine  # noqa: E402
 
 
 def _serve_all(engine, trace) -> list[int]:
-    return [engine.serve(r.request_id, r.prompt, r.output, r.lora, r.cache_salt, r.prompt_logprobs).cached_tokens
-            for r in iter_requests(trace)]
+    return [engine.serve(r.request_id, r.prompt, r.output, r.lora, r.cache_salt, r.prompt_logprobs,
+                         r.logprob_start_len).cached_tokens for r in iter_requests(trace)]
 
 
 @pytest.mark.parametrize("engine", ["fast", "reference"])
@@ -214,3 +214,53 @@ def test_bad_options_are_one_line_and_exit_2(args, problem, capsys):
     assert run(["serve", "--port", "0", *args]) == 2
     err = capsys.readouterr().err
     assert problem in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("policy", ["apc", "radix"])
+def test_logprob_requests_as_each_engine_treats_them(tmp_path, policy):
+    """vLLM skips the cache read for prompt_logprobs; SGLang caps the match at
+    logprob_start_len and refuses a start past the prompt (yet runs a placeholder). The
+    record replays to the same numbers, the refused request included."""
+    from kvsim import load_trace
+    from kvsim.replay.apc import replay_apc
+    from kvsim.replay.radix import replay_radix
+    from kvsim.serve.config import ServeConfig
+    from kvsim.serve.errors import ApiError
+    from kvsim.serve.protocol import parse_request
+    from kvsim.serve.service import CacheService
+
+    record = tmp_path / "rec.jsonl"
+    svc = CacheService(ServeConfig(policy=policy, record=record))
+    messages = [{"role": "user", "content": "Logprobs and prefix caches do not mix well. " * 20}]
+
+    def ask(**extra):
+        body = json.dumps({"messages": messages, "max_tokens": 4, **extra}).encode()
+        return svc.complete(svc.prepare("chat", parse_request("chat", body))).cached_tokens
+
+    first = ask()
+    full = ask()
+    with_prompt_logprobs = ask(prompt_logprobs=1)
+    capped = ask(logprob_start_len=20, return_logprob=True)
+    refused = None
+    try:
+        ask(logprob_start_len=10_000, return_logprob=True)
+    except ApiError as e:
+        refused = e
+    after = ask()
+    assert first == 0 and full > 100
+    assert with_prompt_logprobs == 0    # vLLM: no cache read; SGLang: the match starts at 0
+    if policy == "apc":
+        assert capped == full and refused is None and after == full
+    else:
+        assert capped == 20 and refused is not None and refused.status == 400
+        assert "logprob_start_len" in refused.message and after == full
+    svc.close()
+    lines = read_lines(record)
+    assert len(lines) == 6 and lines[2]["prompt_logprobs"] is True
+    served = [line["kvsim"]["cached_tokens"] for line in lines]
+    replay = replay_apc if policy == "apc" else replay_radix
+    assert replay(load_trace(record), SimOptions()).cached_tokens.tolist() == served
+
+
+def read_lines(path):
+    return [json.loads(x) for x in Path(path).read_text().splitlines()]

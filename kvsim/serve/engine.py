@@ -66,8 +66,10 @@ class ServeEngine(ABC):
 
     @abstractmethod
     def serve(self, request_id: str, prompt: np.ndarray, output: np.ndarray, lora: str | None = None,
-              cache_salt: str | None = None, prompt_logprobs: bool = False) -> Served:
-        """Admit, decode every output token, finish; ``output`` holds at least one token."""
+              cache_salt: str | None = None, prompt_logprobs: bool = False, logprob_start_len: int = -1) -> Served:
+        """Admit, decode every output token, finish; ``output`` holds at least one token.
+        ``prompt_logprobs``: vLLM skips reading the cache; ``logprob_start_len`` (-1: none):
+        SGLang caps the match there and refuses a start past the prompt."""
 
     @abstractmethod
     def reset(self) -> bool:
@@ -101,7 +103,8 @@ class _ApcEngine(ServeEngine):
         self.cache = self._make()
         self._step_by_step = engine == "reference"
 
-    def serve(self, request_id, prompt, output, lora=None, cache_salt=None, prompt_logprobs=False) -> Served:
+    def serve(self, request_id, prompt, output, lora=None, cache_salt=None, prompt_logprobs=False,
+              logprob_start_len=-1) -> Served:
         cache = self.cache
         req = Request(request_id, np.asarray(prompt, np.int64), np.asarray(output, np.int64), lora=lora,
                       cache_salt=cache_salt, prompt_logprobs=prompt_logprobs)
@@ -206,16 +209,17 @@ class _RadixEngine(ServeEngine):
         self._make = lambda: (FastRadixEngine if self._fast else RadixCacheModel)(**s.engine_kwargs())
         self.model = self._make()
 
-    def serve(self, request_id, prompt, output, lora=None, cache_salt=None, prompt_logprobs=False) -> Served:
+    def serve(self, request_id, prompt, output, lora=None, cache_salt=None, prompt_logprobs=False,
+              logprob_start_len=-1) -> Served:
         from kvsim.cache.radix_cache import namespace
 
         prompt, output = np.asarray(prompt, np.int64), np.asarray(output, np.int64)
         if self._fast:
             o = self.model.serve(np.concatenate([prompt, output]), len(prompt), len(output),
-                                 namespace(lora, cache_salt))
+                                 namespace(lora, cache_salt), logprob_start_len)
         else:
             o = self.model.serve(Request(request_id, prompt, output, lora=lora, cache_salt=cache_salt,
-                                         prompt_logprobs=prompt_logprobs))
+                                         prompt_logprobs=prompt_logprobs, logprob_start_len=logprob_start_len))
         if o.rejected:
             return Served(0, 0, True, o.evicted_tokens, 0)
         generated = min(len(output), max(o.max_new, 1))  # RadixCacheModel.new_state

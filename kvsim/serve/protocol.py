@@ -54,6 +54,8 @@ class _Request(BaseModel):
     prompt_logprobs: int | None = None
     return_token_ids: bool | None = False
     lora_path: str | None = None          # SGLang: the adapter, when not named in ``model``
+    logprob_start_len: int | None = None  # SGLang: where a logprob request's logprobs start
+    return_logprob: bool | None = None    # SGLang
     session_id: str | None = None
 
     @model_validator(mode="before")
@@ -66,7 +68,7 @@ class _Request(BaseModel):
             raise ApiError("Stream options can only be defined when `stream=True`.", param="stream_options")
         value = data.get("prompt_logprobs")
         if value is not None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if not isinstance(value, (int, float)):
                 raise ApiError("`prompt_logprobs` must be an integer.", param="prompt_logprobs")
             if data.get("stream") and (value > 0 or value == -1):
                 raise ApiError("`prompt_logprobs` are not available when `stream=True`.", param="prompt_logprobs")

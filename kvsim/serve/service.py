@@ -22,6 +22,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from kvsim.cache.radix_cache import logprob_aborts
+from kvsim.io.fields import BadRecord, logprob_fields
 from kvsim.serve.config import ServeConfig
 from kvsim.serve.engine import Served, build_engine
 from kvsim.serve.errors import ApiError
@@ -47,6 +49,7 @@ class Prepared:
     prompt_ids: list[int]
     max_tokens: int
     prompt_logprobs: bool          # vLLM skips reading the cache for these (spec vllm_apc.md §2.1)
+    logprob_start_len: int = -1    # SGLang caps a logprob request's match there (sglang_radix.md §2.1)
     stream: bool = False
     include_usage: bool = False
     continuous_usage: bool = False
@@ -119,9 +122,13 @@ class CacheService:
             prompt_ids = self.prompter.completion(req.prompt)
             text = {"prompt": req.prompt}
         base_id = (headers or {}).get("x-request-id") or req.request_id or uuid.uuid4().hex
+        try:  # what each engine makes of logprob requests, exactly as the log readers decide it
+            vllm_skips_read, start = logprob_fields(req.model_dump(exclude_unset=True))
+        except BadRecord as e:
+            raise ApiError(str(e), param="logprob_start_len") from None
         prep = Prepared(
             kind=kind, request_id=_ID_PREFIX[kind] + base_id, model=model, lora=lora, cache_salt=req.cache_salt,
-            prompt_ids=prompt_ids, max_tokens=1, prompt_logprobs=req.prompt_logprobs is not None,
+            prompt_ids=prompt_ids, max_tokens=1, prompt_logprobs=vllm_skips_read, logprob_start_len=start,
             stream=bool(req.stream), include_usage=req.include_usage, continuous_usage=req.continuous_usage,
             return_token_ids=bool(req.return_token_ids), seed=req.seed, user=req.user, session_id=req.session_id,
             text=text if self.config.record_text else {})
@@ -156,6 +163,10 @@ class CacheService:
         key = np.asarray(prep.prompt_ids, np.int64).tobytes() + repr(prep.seed).encode()
         reply = self.replies.make(prep.max_tokens, hashlib.sha256(key).digest(), self.config.finish)
         served = self.apply(prep, reply.token_ids, reply_text=reply.text)
+        if served.rejected and logprob_aborts(len(prep.prompt_ids), prep.logprob_start_len):
+            raise ApiError(f"req.logprob_start_len={prep.logprob_start_len} is higher than the number of input "
+                           f"tokens len(req.origin_input_ids)={len(prep.prompt_ids)}. Please use a smaller "
+                           "logprob_start_len.", param="logprob_start_len")
         if served.rejected:
             raise ApiError(f"This request needs more KV cache than the cache holds ({len(prep.prompt_ids)} "
                            f"prompt tokens, {prep.max_tokens} output tokens; capacity "
@@ -175,7 +186,7 @@ class CacheService:
         out = np.asarray(output_ids if len(output_ids) else [-1], np.int64)
         t0 = time.thread_time()  # CPU time: the model's share of the work, whatever else runs
         served = self.engine.serve(prep.request_id, np.asarray(prep.prompt_ids, np.int64), out, prep.lora,
-                                   prep.cache_salt, prep.prompt_logprobs)
+                                   prep.cache_salt, prep.prompt_logprobs, prep.logprob_start_len)
         seconds = time.thread_time() - t0
         self.applied += 1
         finish = finish_reason or ("stop" if self.config.finish == "stop" else "length")
@@ -195,6 +206,8 @@ class CacheService:
                 line[name] = value
         if prep.prompt_logprobs:
             line["prompt_logprobs"] = True
+        if prep.prompt_logprobs or prep.logprob_start_len != -1:
+            line["logprob_start_len"] = prep.logprob_start_len   # explicit: the readers take it as is
         line["max_tokens"] = prep.max_tokens
         line["prompt_token_ids"] = [int(t) for t in prep.prompt_ids]
         line["output_token_ids"] = [int(t) for t in output_ids]
