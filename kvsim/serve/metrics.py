@@ -151,7 +151,8 @@ class ServeMetrics:
             self.v_prompt.inc(prompt_tokens)
             self.v_cached.inc(served.cached_tokens)
             self.v_gen.inc(served.generated)
-            self.v_success.labels(*self.v_success_values, finish_reason).inc()
+            if finish_reason != "error":  # a failed upstream request is no success
+                self.v_success.labels(*self.v_success_values, finish_reason).inc()
             self.v_req_prompt.observe(prompt_tokens)
             self.v_req_gen.observe(served.generated)
         else:

@@ -179,9 +179,10 @@ class Proxy:
                     "completion_tokens": _int(usage.get("completion_tokens")), "cached_tokens": served_cached,
                     "finish_reason": finish, "latency_ms": round(latency * 1000, 3),
                     "error": error}
-        served = self.service.apply(prep, output_ids, reply_text=text, finish_reason=finish,
-                                    extra={"upstream": upstream})
-        if status < 400 and error is None:
+        failed = status >= 400 or error is not None
+        served = self.service.apply(prep, output_ids, reply_text=text,
+                                    finish_reason="error" if failed else finish, extra={"upstream": upstream})
+        if not failed:
             metrics.compared(None if served.rejected else served.cached_tokens, served_cached)
 
     def _reply_ids(self, kind: str, text: Any, finish: Any) -> list[int]:
