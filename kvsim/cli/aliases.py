@@ -8,6 +8,7 @@ from collections.abc import Callable
 RENAMED = {
     "--eviction-policy": "--eviction",      # "policy" now means only the cache design (apc, radix)
     "--capacity-tokens": "--capacity",      # one capacity option everywhere (tokens, inf or memory)
+    "--engine": "--implementation",         # "engine" means vLLM / SGLang; fast or reference is an implementation
 }
 
 

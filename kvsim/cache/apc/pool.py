@@ -243,6 +243,15 @@ class BlockPool:
             self.events.append(("removed", key))
         return True
 
+    def add_free_blocks(self, n: int) -> None:
+        """Grow the pool by ``n`` fresh blocks at the head of the free queue (an unlimited
+        pool that cannot be sized up front: the next requests take these first)."""
+        start = self.num_blocks
+        self.blocks.extend(Block(i) for i in range(start, start + n))
+        self.free_queue.prepend_n(range(start, start + n))
+        self.num_blocks += n
+        self._num_empty += n  # fresh blocks hold no cached KV
+
     def reset_prefix_cache(self) -> bool:
         """Forget every hash, only when no block is in use; queue order is kept (§3.6)."""
         if self.num_free_blocks != self.num_blocks - 1:

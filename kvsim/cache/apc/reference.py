@@ -4,7 +4,7 @@
 ``get_computed_blocks`` (lookup), ``allocate_slots`` (touch hits, pop new blocks, cache
 full ones) and ``free``. ``APCReference`` drives it the way vLLM's scheduler does, one request
 at a time (:class:`kvsim.cache.base.PrefixCache`). Tests use this model as the oracle for
-the compiled engine (``apc_fast``); the real vLLM code is the oracle for both.
+the compiled engine (``apc/fast.py``); the real vLLM code is the oracle for both.
 """
 from __future__ import annotations
 
@@ -285,6 +285,25 @@ class APCReference(PrefixCache):
         seq.num_computed_tokens += 1
         self._sample(req, seq)
         return (self.pool.num_evicted - evicted) * self.page_size
+
+    def decode_rest(self, req: Request) -> None:
+        """Every remaining decode step of a lone running request in one manager call.
+
+        Step by step, each decode computes the last sampled token (one slot, a new block
+        from the queue head at a block boundary, full blocks cached) and samples the next.
+        With no other request running nothing else touches the pool between steps, so
+        allocating the slots at once pops the same blocks in the same order, evicts the same
+        hashes and caches the same full blocks: the final state is the step-by-step one.
+        """
+        seq = self._seqs[req.request_id]
+        steps = len(req.output) - req.num_generated
+        if steps <= 0:
+            return
+        seq.append([int(t) for t in req.output[req.num_generated:]])   # samples the rest
+        if self.manager.allocate_slots(seq, steps) is None:              # computes all but the last
+            raise RuntimeError(f"no free block for request {req.request_id}")
+        seq.num_computed_tokens += steps
+        req.num_generated = len(req.output)
 
     def finish(self, req: Request) -> int:
         seq = self._seqs.pop(req.request_id)
