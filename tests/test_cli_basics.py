@@ -74,7 +74,10 @@ def test_aliases_leave_values_and_the_end_of_options_alone():
     from kvsim.cli.aliases import apply_aliases
 
     notes = []
-    argv = ["simulate", "--eviction-policy", "lru", "--capacity-tokens=5", "--", "--eviction-policy"]
-    assert apply_aliases(argv, notes.append) == ["simulate", "--eviction", "lru", "--capacity=5", "--",
-                                                 "--eviction-policy"]
+    argv = ["simulate", "--eviction-policy", "lru", "--capacity-tokens=5", "--engine-version", "0.11", "--",
+            "--eviction-policy"]
+    assert apply_aliases(argv, notes.append) == ["simulate", "--eviction", "lru", "--capacity=5",
+                                                 "--engine-version", "0.11", "--", "--eviction-policy"]
     assert len(notes) == 2
+    assert apply_aliases(["serve", "--engine", "reference"], notes.append) == \
+        ["serve", "--implementation", "reference"]
