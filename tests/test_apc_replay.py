@@ -216,3 +216,28 @@ def test_bad_engine_and_length_only_trace():
                          arrival=np.array([0.0]))
     with pytest.raises(KvsimError, match="prefix information"):
         replay("apc", lengths_only, SimOptions())
+
+
+@pytest.mark.parametrize("algo", ["fast", "sha256"])
+def test_fast_engine_serves_one_request_at_a_time_like_a_replay(algo):
+    """APCFast.serve (one request per call, on a pool that lives across calls) gives the
+    same per-request results and the same final pool as replaying the whole trace at once,
+    and the reference model's serve agrees with both."""
+    from kvsim.cache.apc.fast import APCFast
+    from kvsim.cache.apc.reference import APCReference
+    from kvsim.cache.apc.settings import APCSettings
+    from kvsim.replay.requests import workload
+
+    trace = random_trace(21, Mix(n=300, p_plp=0.1))
+    settings = APCSettings(block_size=16, num_gpu_blocks=90, hash_algo=algo)
+    work = workload(trace)
+    whole = APCFast(settings)
+    cols = whole.replay(work)
+    one, ref = APCFast(settings), APCReference(settings)
+    served = [one.serve(req) for req in work]
+    assert [s.cached_tokens for s in served] == cols.cached_tokens.tolist()
+    assert [s.rejected for s in served] == cols.rejected.tolist()
+    assert [s.evictions for s in served] == cols.evictions.tolist()
+    assert one.final_state() == whole.final_state()
+    assert [ref.serve(req) for req in work] == served
+    assert ref.final_state() == whole.final_state() and cols.evictions.sum() > 0
