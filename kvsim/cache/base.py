@@ -108,8 +108,8 @@ class ServedColumns:
         return cls(*(np.zeros(n, bool if name == "rejected" else np.int64) for name in Served._fields))
 
     def set(self, i: int, served: Served) -> None:
-        for column, value in zip(self.__dict__.values(), served):
-            column[i] = value
+        self.cached_tokens[i], self.rejected[i], self.evicted_tokens[i], self.evictions[i], \
+            self.max_new[i], self.extend_tokens[i] = served
 
 
 class SequentialCache(ABC):

@@ -59,9 +59,8 @@ class RadixFast(SequentialCache):
 
     def evict_to_free(self, num_tokens: int) -> None:
         """allocator.evict_to_free_tokens (§5.5)."""
-        amount = rules.eviction_amount(num_tokens, self.avail, self.settings.eviction_amount)
-        if amount:
-            self.evict(amount)
+        if num_tokens > self.avail:   # (the common case, enough free, costs no call)
+            self.evict(rules.eviction_amount(num_tokens, self.avail, self.settings.eviction_amount))
 
     def _take(self, tokens: int) -> None:
         self.avail -= tokens

@@ -41,6 +41,13 @@ from kvsim.cache.radix.rules import floor_page
 SCALE = 100_000  # sub-steps per tick for the unified match's per-level stamp offsets
 
 
+def _int64(tokens) -> np.ndarray:
+    """Token ids as an int64 array (page keys compare bytes, so one dtype everywhere)."""
+    if type(tokens) is np.ndarray and tokens.dtype == np.int64:
+        return tokens
+    return np.asarray(tokens, np.int64)
+
+
 class Node:
     """One edge of the tree: a token run, its KV slots, lock count and eviction metadata."""
 
@@ -100,9 +107,8 @@ class RadixTree:
         return self.clock * SCALE
 
     def _new_node(self, priority: int = 0) -> Node:
-        stamp = self.tick()
-        created = self.tick()
-        node = Node(self._next_id, stamp, created, priority)
+        self.clock += 2   # two ticks: the access stamp, then the creation time
+        node = Node(self._next_id, (self.clock - 1) * SCALE, self.clock * SCALE, priority)
         self._next_id += 1
         self.num_nodes += 1
         return node
@@ -118,7 +124,7 @@ class RadixTree:
         n = min(len(key), end - off)
         eq = key[:n] == tokens[off:off + n]
         m = n if eq[n - 1] and eq.all() else int(eq.argmin())
-        return floor_page(m, self.page_size)
+        return m - m % self.page_size   # rules.floor_page, inlined: this is the hottest loop
 
     @property
     def total_size(self) -> int:
@@ -127,7 +133,7 @@ class RadixTree:
     # -- match (§2) ----------------------------------------------------------------
     def match_prefix(self, tokens: np.ndarray, ns: Hashable = None, limit: int | None = None) -> tuple[int, Node]:
         """Longest cached prefix of ``tokens[:limit]`` (page-floored); splits the edge it ends in."""
-        tokens = np.asarray(tokens, np.int64)
+        tokens = _int64(tokens)
         n = floor_page(len(tokens) if limit is None else min(limit, len(tokens)), self.page_size)
         root = self.root
         if n <= 0:
@@ -192,7 +198,7 @@ class RadixTree:
         ``inserted_len`` (what this request inserted before) gain a hit. ``value`` holds
         the key's KV slots (None: the tree keeps no slots).
         """
-        tokens = np.asarray(tokens, np.int64)
+        tokens = _int64(tokens)
         k_len = len(tokens) if length is None else length
         assert k_len % self.page_size == 0 and (value is None or len(value) >= k_len)
         classic = self.classic
@@ -251,20 +257,19 @@ class RadixTree:
                 k = len(node.key)
                 self.evictable_size -= k
                 self.protected_size += k
+                self.evictable_leaves.discard(node)   # a locked node is never an evictable leaf
             node.lock_ref += 1
-            self._update_leaf(node)
             node = node.parent
 
     def unlock(self, node: Node) -> None:
         root = self.root
         while node is not root:
-            assert node.lock_ref > 0
-            if node.lock_ref == 1:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:                # only now can it become an evictable leaf
                 k = len(node.key)
                 self.evictable_size += k
                 self.protected_size -= k
-            node.lock_ref -= 1
-            self._update_leaf(node)
+                self._update_leaf(node)
             node = node.parent
 
     def path_value(self, node: Node) -> np.ndarray:
