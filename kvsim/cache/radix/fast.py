@@ -179,7 +179,7 @@ class RadixFast(SequentialCache):
         while r > 0:
             if self.avail < p:
                 self.evict_to_free(p)
-            if c % p == 0:          # a new page
+            if rules.decode_starts_page(c, p):
                 self._take(p)
             c += 1
             r -= 1

@@ -258,7 +258,7 @@ class RadixReference(PrefixCache):
             self.evict_to_free(state, 1)          # alloc_token_slots
             state.row[c] = self.alloc.alloc_pages(1)[0]
         else:
-            new_page = c % p == 0
+            new_page = rules.decode_starts_page(c, p)
             if new_page:
                 self.evict_to_free(state, p)      # check_decode_mem
             self.evict_to_free(state, p)          # alloc_paged_token_slots_decode: bs * page

@@ -113,6 +113,12 @@ def extend_demand(start: int, end: int, p: int) -> int:
     return end - start + (p if p > 1 else 0)
 
 
+def decode_starts_page(committed: int, p: int) -> bool:
+    """check_decode_mem / alloc_paged_token_slots_decode: the next decode token opens a new
+    page (and a page is made allocatable first) when the committed length is page-aligned."""
+    return committed % p == 0
+
+
 def eviction_amount(need: int, available: int | float, amount: str) -> int:
     """evict_to_free_tokens: tokens to evict so ``need`` can be allocated: the shortfall
     ``need - free`` (0.5.23), or the whole need (``"need"``, older releases); 0 if it fits."""

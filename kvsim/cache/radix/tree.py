@@ -124,7 +124,7 @@ class RadixTree:
         n = min(len(key), end - off)
         eq = key[:n] == tokens[off:off + n]
         m = n if eq[n - 1] and eq.all() else int(eq.argmin())
-        return m - m % self.page_size   # rules.floor_page, inlined: this is the hottest loop
+        return floor_page(m, self.page_size)
 
     @property
     def total_size(self) -> int:
