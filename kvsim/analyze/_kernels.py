@@ -80,10 +80,10 @@ def scan_blocks(tok, off, ext, eoff, root, G, start, stop, keys, vals, n_ids,
             if base + G <= L:
                 o = off[i] + base
                 for t in range(G):
-                    h = block_token(h, tok[o + t])
+                    h = block_token(h, tok[o + t], t)
             else:
                 for t in range(G):
-                    h = block_token(h, _tok(tok, off, ext, eoff, i, L, base + t))
+                    h = block_token(h, _tok(tok, off, ext, eoff, i, L, base + t), t)
             key = block_end(h, G)
             s = probe(keys, key)
             if keys[s] == key:
@@ -141,7 +141,7 @@ def scan_tokens(tok, off, ext, eoff, root, G, start, stop, keys, vals, n_ent,
             h = block_start(parent, 0, 0)
             o = off[i] + k * G
             for t in range(min(G, L - k * G)):
-                h = block_token(h, tok[o + t])
+                h = block_token(h, tok[o + t], t)
                 pk = block_end(h, t + 1)
                 s = probe(keys, pk)
                 if keys[s] != pk:
@@ -156,7 +156,7 @@ def scan_tokens(tok, off, ext, eoff, root, G, start, stop, keys, vals, n_ent,
             parent = root[i] if b == 0 else id_key[ids_flat[blk_off[i] + b - 1]]
             h = block_start(parent, 0, 0)
             for t in range(min(G, S - b * G)):
-                h = block_token(h, _tok(tok, off, ext, eoff, i, L, b * G + t))
+                h = block_token(h, _tok(tok, off, ext, eoff, i, L, b * G + t), t)
                 pk = block_end(h, t + 1)
                 s = probe(keys, pk)
                 if keys[s] != pk:

@@ -27,7 +27,7 @@ def _prefix_block_keys(tokens, offsets, block_size, ns_keys, key_off, out, last_
             start = j * block_size
             stop = min(start + block_size, L)
             for k in range(start, stop):
-                acc = block_token(acc, tokens[p0 + k])
+                acc = block_token(acc, tokens[p0 + k], k - start)
             h = block_end(acc, stop - start)
             out[key_off[i] + j] = h
         last_len[i] = L - (nb - 1) * block_size if nb > 0 else 0

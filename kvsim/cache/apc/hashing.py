@@ -11,7 +11,9 @@ Two families of ``H``:
   canonical CBOR, NONE_HASH = H(seed) with the seed ``"vllm-none-hash"`` unless
   ``PYTHONHASHSEED`` is set, as 0.33's ``init_none_hash``). Use these to match kvsim's
   blocks against the hashes in vLLM's KV-cache events. Pure Python, so slow.
-- ``fast`` (default): a 64-bit chained hash over the same inputs, compiled with numba.
+- ``fast`` (default): a 64-bit chained hash over the same inputs, compiled with numba: a
+  block's key mixes its parent's key, its namespace keys and the sum of its tokens each
+  mixed with its position, so the tokens of a block hash in parallel.
   Only *equality* of hashes matters for hits and evictions, so it gives the same replay
   unless two different prefixes collide: with n distinct blocks the chance of any collision
   is about n²/2⁶⁵ (3·10⁻⁶ for ten million blocks).
@@ -160,10 +162,10 @@ def _fmix_py(h: int) -> int:
     return h ^ (h >> 33)
 
 
-def _round_py(acc: int, lane: int) -> int:
-    acc = (acc + (lane & _MASK) * _P2) & _MASK
-    acc = ((acc << 31) | (acc >> 33)) & _MASK
-    return (acc * _P1) & _MASK
+def _lane_py(value: int, position: int) -> int:
+    """One value at one position of a block, mixed. A block's hash state is the sum of its
+    lanes, so its tokens are hashed independently (no serial dependency between them)."""
+    return _fmix_py(((value & _MASK) * _P2 + position * _P1 + _P3) & _MASK)
 
 
 FAST_ROOT = _fmix_py(_P3)  # parent of block 0 (the fast hash's NONE_HASH)
@@ -181,18 +183,10 @@ def fast_block_hash_py(parent: int, block: Sequence[int], every_key: int, first_
     ``every_key`` (LoRA) enters every block and ``first_key`` (salt) block 0 only, as in
     vLLM's extra keys (§1.3); the parent chains the whole prefix in. 0 is never returned.
     """
-    acc = _round_py(parent ^ _P3, every_key)
-    acc = _round_py(acc, first_key)
-    for t in block:
-        acc = _round_py(acc, int(t))
+    acc = (_fmix_py(parent ^ _P3) + _lane_py(every_key, 0) + _lane_py(first_key, 1)) & _MASK
+    for position, t in enumerate(block):
+        acc = (acc + _lane_py(int(t), position + 2)) & _MASK
     return _fmix_py(acc ^ len(block)) or 1
-
-
-@njit(cache=True, inline="always")
-def _round(acc, lane):
-    acc = acc + lane * np.uint64(_P2)
-    acc = (acc << np.uint64(31)) | (acc >> np.uint64(33))
-    return acc * np.uint64(_P1)
 
 
 @njit(cache=True, inline="always")
@@ -206,19 +200,24 @@ def _fmix(h):
 
 # The compiled hash in three steps, shared by every chained-key kernel (APC's blocks, the
 # sweep's prompt blocks, the analyzer's prefix index): start a block under its parent,
-# mix in its tokens, finish it with its length.
+# add its tokens, finish it with its length.
+
+@njit(cache=True, inline="always")
+def _lane(value, position):
+    return _fmix(value * np.uint64(_P2) + np.uint64(position) * np.uint64(_P1) + np.uint64(_P3))
+
 
 @njit(cache=True, inline="always")
 def block_start(parent, every_key, first_key):
     """The state of a block's hash before its tokens: its parent and its namespace keys."""
-    acc = _round(np.uint64(parent) ^ np.uint64(_P3), np.uint64(every_key))
-    return _round(acc, np.uint64(first_key))
+    return (_fmix(np.uint64(parent) ^ np.uint64(_P3)) + _lane(np.uint64(every_key), 0)
+            + _lane(np.uint64(first_key), 1))
 
 
 @njit(cache=True, inline="always")
-def block_token(acc, token):
-    """Mix one token id into a block's hash state."""
-    return _round(acc, np.uint64(np.int64(token)))
+def block_token(acc, token, position):
+    """Add the token id at ``position`` (0-based, in the block) to a block's hash state."""
+    return acc + _lane(np.uint64(np.int64(token)), position + 2)
 
 
 @njit(cache=True, inline="always")
@@ -237,7 +236,7 @@ def fast_hash_sequence(tokens, start_block, num_blocks, block_size, parent, ever
         acc = block_start(h, every_key, np.uint64(first_key) if b == 0 else np.uint64(0))
         base = b * block_size
         for k in range(block_size):
-            acc = block_token(acc, tokens[base + k])
+            acc = block_token(acc, tokens[base + k], k)
         h = block_end(acc, block_size)
         out[j] = h
 
@@ -264,9 +263,9 @@ def fast_hash_requests(prompt_tok, prompt_off, out_tok, out_off, num_blocks, blo
             for k in range(block_size):
                 pos = base + k
                 if pos < plen:
-                    acc = block_token(acc, prompt_tok[p0 + pos])
+                    acc = block_token(acc, prompt_tok[p0 + pos], k)
                 else:
-                    acc = block_token(acc, out_tok[o0 + pos - plen])
+                    acc = block_token(acc, out_tok[o0 + pos - plen], k)
             h = block_end(acc, block_size)
             out[hash_off[i] + j] = h
 
