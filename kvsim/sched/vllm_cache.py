@@ -1,0 +1,70 @@
+"""The vLLM scheduler model's only door into the APC cache model (``kvsim.cache.apc``).
+
+vLLM's scheduler calls its ``KVCacheManager`` through a handful of operations; this
+module exposes exactly those, on kvsim's reference ``APCManager``, so moving the cache
+layer means editing this one file. A request's KV bookkeeping lives in an
+``apc.Sequence`` held by the adapter; the scheduler passes its own request object,
+whose ``num_computed_tokens`` is copied in before each allocation.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+from kvsim.cache.apc import APCManager, BlockHasher, Sequence
+
+
+class VllmKVCache:
+    """vLLM 0.33's ``KVCacheManager`` operations, as its scheduler uses them."""
+
+    def __init__(self, num_gpu_blocks: int, block_size: int, watermark: float = 0.0,
+                 hash_algo: str = "fast", max_model_len: int = 1 << 62) -> None:
+        self.block_size = block_size
+        self.manager = APCManager(num_gpu_blocks, block_size, log_stats=False, max_model_len=max_model_len)
+        self.hasher = BlockHasher(block_size, hash_algo)
+        # KVCacheManager.watermark_blocks: a share of all blocks, the null block included
+        self.watermark_blocks = int(watermark * num_gpu_blocks)
+
+    def new_sequence(self, request_id: str, prompt: Seq[int], lora: str | None = None,
+                     cache_salt: str | None = None) -> Sequence:
+        return Sequence(request_id, list(prompt), len(prompt), self.hasher, lora, cache_salt)
+
+    @staticmethod
+    def append(seq: Sequence, token: int) -> None:
+        """A sampled token joins the sequence; blocks it fills are hashed at once."""
+        seq.append((token,))
+
+    def lookup(self, seq: Sequence) -> tuple[list, int]:
+        """``get_computed_blocks``: cached full blocks, at most ``num_tokens - 1`` tokens."""
+        return self.manager.get_computed_blocks(seq)
+
+    def allocate(self, seq: Sequence, num_computed: int, num_new_tokens: int, num_new_computed: int = 0,
+                 hits: list | None = None, full_sequence_must_fit: bool = False,
+                 apply_watermark: bool = False) -> bool:
+        """``allocate_slots``; False (nothing changed) when the blocks do not fit.
+
+        The watermark is checked here, before the manager's own checks: both of vLLM's
+        checks add ``watermark_blocks`` to the blocks needed (scheduler doc §3.4).
+        """
+        seq.num_computed_tokens = num_computed
+        if apply_watermark and self.watermark_blocks:
+            manager, hits_ = self.manager, hits or []
+            free = manager.pool.num_free_blocks - self.watermark_blocks
+            if full_sequence_must_fit and manager._num_blocks_to_allocate(
+                    seq, min(seq.num_tokens, manager.max_model_len), hits_) > free:
+                return False
+            need = min(num_computed + num_new_computed + num_new_tokens, manager.max_model_len)
+            if manager._num_blocks_to_allocate(seq, need, hits_) > free:
+                return False
+        return self.manager.allocate_slots(seq, num_new_tokens, num_new_computed, hits,
+                                           full_sequence_must_fit=full_sequence_must_fit) is not None
+
+    def cache_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        self.manager.cache_blocks(seq, num_tokens)
+
+    def free(self, seq: Sequence) -> None:
+        """Release every block of a finished or preempted request, last block first."""
+        self.manager.free(seq)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.manager.pool.num_free_blocks
