@@ -21,6 +21,9 @@ class SteppedEngine(Protocol):
     def step(self, step: int) -> bool:
         """One turn of the engine loop; True if it took a scheduler step (numbered ``step``)."""
 
+    def idle(self) -> None:
+        """The engine loop's idle pass (it runs before the clock jumps ahead)."""
+
 
 def run_steps(engine: SteppedEngine, arrival_steps: np.ndarray) -> int:
     """Drive ``engine`` until every request has arrived and finished; returns the final clock."""
@@ -30,6 +33,7 @@ def run_steps(engine: SteppedEngine, arrival_steps: np.ndarray) -> int:
     n, nxt, step = len(order), 0, 0
     while True:
         if not engine.has_work():
+            engine.idle()
             if nxt == n:
                 return step
             step = max(step, arrival_of[order[nxt]])

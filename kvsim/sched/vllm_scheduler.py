@@ -348,6 +348,9 @@ class VllmEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_requests() or bool(self.queue)
 
+    def idle(self) -> None:
+        """vLLM's busy loop just waits for input."""
+
     def step(self, step: int) -> bool:
         sched = self.scheduler
         if not self.settings.async_scheduling:

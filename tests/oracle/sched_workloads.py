@@ -81,3 +81,12 @@ def random_workload(seed: int, mix: SchedMix | None = None) -> SchedWorkload:
     w.arrival = np.asarray(arrival[: m.n], np.int64)
     w.priority = rng.integers(0, max(m.priorities, 1), m.n).astype(np.int64)
     return w
+
+
+STOP_TOKEN = 1_000_003   # the drivers' stop token id (finish "stop")
+
+
+def with_stop_token(w: SchedWorkload) -> SchedWorkload:
+    """Each reply ends with the stop token (SGLang finish "stop": no ignore_eos)."""
+    outputs = [np.concatenate([o[:-1], [STOP_TOKEN]]).astype(np.int64) for o in w.outputs]
+    return SchedWorkload(w.prompts, outputs, w.arrival, w.priority)

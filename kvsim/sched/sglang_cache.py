@@ -1,0 +1,120 @@
+"""The SGLang scheduler model's only door into the radix cache model (``kvsim.cache.radix*``).
+
+SGLang's scheduler drives its tree cache, token allocator and request-to-token rows
+through a few calls (``match_prefix``, ``lock``/``unlock``, ``evict``, ``alloc``,
+``checkpoint_kv_cache``, ``release_kv_cache``); this module exposes exactly those, on
+kvsim's reference ``RadixCacheModel``, so moving the cache layer means editing this one
+file. A request's KV bookkeeping (its row of slots, protected / inserted / allocated /
+committed lengths, locked node) is a ``radix_cache.RequestState``.
+"""
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import numpy as np
+
+from kvsim.cache.radix import Node, RadixTree
+from kvsim.cache.radix_cache import RadixCacheModel, RequestState, ceil_page, max_new_tokens_for_memory, namespace
+
+__all__ = ["SglangKVCache", "RequestState", "ceil_page", "namespace"]
+
+
+class SglangKVCache:
+    """SGLang 0.5.23's ``UnifiedRadixCache`` + token allocator, as the scheduler calls them."""
+
+    def __init__(self, capacity: int, page_size: int = 1, eviction_policy: str = "lru",
+                 flavor: str = "unified") -> None:
+        self.model = RadixCacheModel(page_size=page_size, capacity=capacity, eviction_policy=eviction_policy,
+                                     flavor=flavor)
+        self.tree: RadixTree = self.model.tree
+        self.page_size = page_size
+        self.capacity = capacity
+        self.eviction_policy = eviction_policy
+
+    # -- requests --------------------------------------------------------------------
+    def max_new_tokens_for_memory(self, prompt_len: int, wanted: int) -> int:
+        """``init_req_max_new_tokens``: generation clipped to what an empty pool holds."""
+        return max_new_tokens_for_memory(prompt_len, wanted, self.capacity, self.page_size)
+
+    def new_state(self, prompt: np.ndarray, outputs: np.ndarray, max_new: int, ns: Hashable = None) -> RequestState:
+        row = np.zeros(len(prompt) + len(outputs) + 2 * self.page_size + 2, np.int64)
+        return RequestState(np.asarray(prompt, np.int64), np.asarray(outputs, np.int64), ns, max_new, row)
+
+    def reset_row(self, state: RequestState) -> None:
+        """A retracted request starts over with an empty row."""
+        state.row[:] = 0
+        state.prefix_len = state.extend_end = state.protected = state.inserted = 0
+        state.allocated = state.committed = 0
+        state.last_node = None
+
+    # -- the tree ----------------------------------------------------------------------
+    def match(self, state: RequestState, length: int, limit: int | None = None) -> None:
+        """``match_kv_cache`` on the first ``length`` tokens (at most ``limit`` matched).
+
+        Sets the request's prefix and locked-to-be node and copies the prefix's slots into
+        its row; it stamps the tree and may split an edge (spec §2).
+        """
+        n = length if limit is None else min(length, limit)
+        tokens = state.fill(length)[:n]
+        state.prefix_len, state.last_node = self.tree.match_prefix(tokens, state.ns)
+        if state.prefix_len:
+            state.row[:state.prefix_len] = self.tree.path_value(state.last_node)[:state.prefix_len]
+
+    def touch(self, state: RequestState, length: int) -> None:
+        """``touch_prefix``: refresh the recency of the request's cached path."""
+        self.tree.match_prefix(state.fill(length), state.ns)
+
+    def lock(self, node: Node | None) -> None:
+        if node is not None:
+            self.tree.lock(node)
+
+    def unlock(self, node: Node | None) -> None:
+        if node is not None:
+            self.tree.unlock(node)
+
+    @property
+    def evictable_size(self) -> int:
+        return self.tree.evictable_size
+
+    @property
+    def available_size(self) -> int:
+        return int(self.model.available())
+
+    def evict_to_free(self, num_tokens: int) -> None:
+        """``evict_to_free_tokens``: evict the shortfall below ``num_tokens``, whole leaves."""
+        self.model.evict_to_free(None, num_tokens)
+
+    # -- KV slots ----------------------------------------------------------------------
+    def alloc_extend(self, state: RequestState) -> None:
+        """Slots for ``[prefix_len, extend_end)``; the batch's eviction already ran."""
+        self.model.alloc_extend(state)
+
+    def alloc_decode(self, state: RequestState) -> None:
+        """One slot for the next decode position; the batch's eviction already ran."""
+        p, c = self.page_size, state.committed
+        alloc = self.model.alloc
+        if p == 1:
+            state.row[c] = alloc.alloc_pages(1)[0]
+        else:
+            state.row[c] = alloc.alloc_pages(1)[0] * p if c % p == 0 else state.row[c - 1] + 1
+        state.allocated += 1
+        state.committed += 1
+
+    def checkpoint(self, state: RequestState, upto: int) -> None:
+        """``checkpoint_kv_cache``: publish ``[0, upto)`` and move the lock (spec §3.2)."""
+        self.model.checkpoint(state, upto)
+
+    def release(self, state: RequestState) -> None:
+        """``release_kv_cache(checkpoint=True)`` of a finished request (spec §3.3)."""
+        self.model.release(state)
+
+    def release_uncached(self, state: RequestState) -> None:
+        """``release_kv_cache(checkpoint=False)``: a retracted request's private KV is freed."""
+        alloc, p = self.model.alloc, self.page_size
+        owned = state.committed
+        alloc.free_slots(state.row[state.protected:owned])
+        self.unlock(state.last_node)
+        start = ceil_page(owned, p)
+        if start < state.allocated:
+            alloc.free_slots(state.row[start:state.allocated])
+        state.last_node = None
