@@ -69,10 +69,12 @@ MODEL_DIR = _model_dir()
 def make_scheduler(job: dict):
     """The real (Async)Scheduler with the job's settings, prefix caching on."""
     B, N = int(job["block_size"]), int(job["num_gpu_blocks"])
-    model = ModelConfig(model=MODEL_DIR, skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN, dtype="float32")
+    max_model_len = int(job.get("max_model_len") or MAX_MODEL_LEN)
+    model = ModelConfig(model=MODEL_DIR, skip_tokenizer_init=True, max_model_len=max_model_len, dtype="float32")
     sched = SchedulerConfig(
         max_num_batched_tokens=int(job["max_num_batched_tokens"]), max_num_seqs=int(job["max_num_seqs"]),
-        max_model_len=MAX_MODEL_LEN, is_encoder_decoder=False,
+        max_model_len=max_model_len, is_encoder_decoder=False,
+        enable_chunked_prefill=bool(job.get("enable_chunked_prefill", True)),
         long_prefill_token_threshold=int(job.get("long_prefill_token_threshold", 0)),
         policy=job.get("policy", "fcfs"), async_scheduling=bool(job["async_scheduling"]),
         watermark=float(job.get("watermark", 0.0)),
