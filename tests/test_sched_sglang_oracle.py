@@ -10,7 +10,8 @@ token, the finishing step, the retraction count and the rejection must be equal.
 The configurations cover every schedule policy (``lpm`` also above its 128-request
 fallback), the overlap scheduler on and off, page sizes 1 and 16, chunked prefill from
 64 tokens to off, ``max_running_requests`` 4-64, finishing by length and by a stop
-token, and memory tight enough for NO_TOKEN stalls and decode retraction.
+token, and memory tight enough for NO_TOKEN stalls and decode retraction. The specs'
+scenarios 15-16 and the lpm-beats-fcfs workload run in the same subprocess.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "oracle"))
 import sched_client
+from sched_scenarios import LPM_HITS, lpm_workload, sglang_15_16, sglang_job
 from sched_workloads import SchedMix, random_workload, with_stop_token
 
 from kvsim.sched.sglang_scheduler import SglangSchedSettings, replay_sglang_steps
@@ -91,14 +93,19 @@ def runs(tmp_path_factory):
             w = with_stop_token(w)
         s = _settings(w, stop, factor, settings)
         path = sched_client.write_workload(tmp / f"w{k}.npz", w.prompts, w.outputs, w.arrival, w.priority)
-        jobs.append({"workload": str(path), "capacity": s.capacity, "page_size": s.page_size,
-                     "schedule_policy": s.schedule_policy, "chunked_prefill_size": s.chunked_prefill_size,
-                     "max_prefill_tokens": s.max_prefill_tokens, "max_running_requests": s.max_running_requests,
-                     "schedule_conservativeness": s.schedule_conservativeness, "overlap": s.overlap,
-                     "finish": s.finish, "max_new_tokens": s.max_new_tokens, "random_seed": s.random_seed})
+        jobs.append(sglang_job(path, s))
         out.append((w, s))
+    # the spec's scenarios 15-16 and the lpm-vs-fcfs workload run in the same subprocess
+    prompts, outputs, arrival, knobs = sglang_15_16()
+    jobs.append(sglang_job(sched_client.write_workload(tmp / "s15.npz", prompts, outputs, arrival),
+                           SglangSchedSettings(**knobs)))
+    prompts, outputs, arrival, knobs = lpm_workload()
+    path = sched_client.write_workload(tmp / "lpm.npz", prompts, outputs, arrival)
+    for policy in sorted(LPM_HITS):
+        jobs.append(sglang_job(path, SglangSchedSettings(schedule_policy=policy, **knobs)))
     results = sched_client.run_jobs("sglang", jobs, python)
-    return [(w, s, r) for (w, s), r in zip(out, results)]
+    runs = [(w, s, r) for (w, s), r in zip(out, results)]
+    return runs, dict(zip(["15-16", *sorted(LPM_HITS)], results[len(out):]))
 
 
 def _ids(c) -> str:
@@ -110,7 +117,7 @@ def _ids(c) -> str:
 @pytest.mark.parametrize("k", range(len(CONFIGS)), ids=[_ids(c) for c in CONFIGS])
 def test_steps_match_sglang(runs, k):
     """Per request: cached tokens, first-token step, finish step, retractions, rejection equal SGLang's."""
-    w, settings, real = runs[k]
+    w, settings, real = runs[0][k]
     ours = replay_sglang_steps(w.prompts, w.outputs, w.arrival, settings)
     np.testing.assert_array_equal(ours.rejected, real["rejected"])
     np.testing.assert_array_equal(ours.cached_tokens, real["cached"])
@@ -125,10 +132,18 @@ def test_steps_match_sglang(runs, k):
 
 def test_retraction_happens(runs):
     """The over-committing workloads really retract running requests, in SGLang and in kvsim."""
-    assert all(runs[k][2]["preemptions"].sum() > 0 for k in RETRACTING)
+    assert all(runs[0][k][2]["preemptions"].sum() > 0 for k in RETRACTING)
 
 
 def test_lpm_falls_back_above_128_waiting(runs):
     """The burst workload queues more than 128 requests at once (lpm's fcfs fallback)."""
-    w = runs[16][0]
+    w = runs[0][16][0]
     assert np.bincount(w.arrival).max() > 128
+
+
+def test_real_sglang_gives_the_scenario_numbers(runs):
+    """Scenarios 15-16's cached tokens, and lpm's and fcfs's hits on the designed workload."""
+    real = runs[1]
+    assert real["15-16"]["cached"].tolist() == [0, 0, 9, 14]
+    for policy, hits in LPM_HITS.items():
+        assert int(real[policy]["cached"].sum()) == hits

@@ -9,7 +9,8 @@ token, the finishing step, the preemption count and the rejection must be equal.
 The configurations cover block sizes 8-32, memory from "the largest request fits
 alone" upwards (preemption), token budgets 48-4096, ``max_num_seqs`` 2-256, the
 long-prefill threshold, FCFS and priority, the watermark, the full-sequence gate off,
-chunked prefill off, and async scheduling on and off.
+chunked prefill off, and async scheduling on and off. The specs' scenarios X1-X6 run in
+the same subprocess and must give the spec's numbers.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "oracle"))
 import sched_client
+from sched_scenarios import MODES, VLLM_EXPECTED, vllm_job, vllm_scenarios
 from sched_workloads import SchedMix, random_workload
 
 from kvsim.sched.vllm_scheduler import VllmSchedSettings, replay_vllm_steps
@@ -92,15 +94,19 @@ def runs(tmp_path_factory):
         w = random_workload(seed, SchedMix(n=N, **knobs))
         s = _settings(w, B, factor, settings)
         path = sched_client.write_workload(tmp / f"w{k}.npz", w.prompts, w.outputs, w.arrival, w.priority)
-        jobs.append({"workload": str(path), "block_size": B, "num_gpu_blocks": s.num_gpu_blocks,
-                     "max_num_batched_tokens": s.max_num_batched_tokens, "max_num_seqs": s.max_num_seqs,
-                     "long_prefill_token_threshold": s.long_prefill_token_threshold, "policy": s.policy,
-                     "async_scheduling": s.async_scheduling, "watermark": s.watermark,
-                     "reserve_full_isl": s.reserve_full_isl, "enable_chunked_prefill": s.enable_chunked_prefill,
-                     "max_model_len": s.max_model_len})
+        jobs.append(vllm_job(path, s))
         out.append((w, s))
+    # the spec's scenarios run in the same subprocess
+    scenarios = []
+    for name, (prompts, outputs, arrival, knobs) in vllm_scenarios().items():
+        path = sched_client.write_workload(tmp / f"{name}.npz", prompts, outputs, arrival)
+        for asynchronous in MODES:
+            s = VllmSchedSettings(async_scheduling=asynchronous, **knobs)
+            jobs.append(vllm_job(path, s))
+            scenarios.append(((name, asynchronous), (prompts, outputs, arrival, s)))
     results = sched_client.run_jobs("vllm", jobs, python)
-    return [(w, s, r) for (w, s), r in zip(out, results)]
+    runs = [(w, s, r) for (w, s), r in zip(out, results)]
+    return runs, {key: (setup, r) for (key, setup), r in zip(scenarios, results[len(out):])}
 
 
 def _ids(c) -> str:
@@ -111,7 +117,7 @@ def _ids(c) -> str:
 @pytest.mark.parametrize("k", range(len(CONFIGS)), ids=[_ids(c) for c in CONFIGS])
 def test_steps_match_vllm(runs, k):
     """Per request: cached tokens, first-token step, finish step, preemptions, rejection equal vLLM's."""
-    w, settings, real = runs[k]
+    w, settings, real = runs[0][k]
     ours = replay_vllm_steps(w.prompts, w.outputs, w.arrival, settings, w.priority)
     np.testing.assert_array_equal(ours.rejected, real["rejected"])
     np.testing.assert_array_equal(ours.cached_tokens, real["cached"])
@@ -127,5 +133,17 @@ def test_steps_match_vllm(runs, k):
 
 def test_tight_memory_preempts(runs):
     """Every configuration with memory for only the largest request preempts somewhere."""
-    assert all(runs[k][2]["preemptions"].sum() > 0 for k in TIGHT)
-    assert sum(int(r["preemptions"].sum()) for _, _, r in runs) > 500
+    assert all(runs[0][k][2]["preemptions"].sum() > 0 for k in TIGHT)
+    assert sum(int(r["preemptions"].sum()) for _, _, r in runs[0]) > 500
+
+
+@pytest.mark.parametrize("asynchronous", MODES, ids=["sync", "async"])
+@pytest.mark.parametrize("name", sorted(VLLM_EXPECTED))
+def test_real_vllm_gives_the_scenario_numbers(runs, name, asynchronous):
+    """X1-X6 through the real scheduler: the spec's cached tokens; kvsim's steps and preemptions."""
+    (prompts, outputs, arrival, settings), real = runs[1][(name, asynchronous)]
+    assert real["cached"].tolist() == VLLM_EXPECTED[name]
+    ours = replay_vllm_steps(prompts, outputs, arrival, settings)
+    assert ours.first_token_step.tolist() == real["first_token_step"].tolist()
+    assert ours.finish_step.tolist() == real["finish_step"].tolist()
+    assert ours.preemptions.tolist() == real["preemptions"].tolist()

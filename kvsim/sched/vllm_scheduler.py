@@ -59,6 +59,15 @@ class VllmSchedSettings:
             raise ConfigError("--long-prefill-token-threshold must be 0 (off) or positive")
         if not 0.0 <= self.watermark < 1.0:
             raise ConfigError("watermark must be in [0, 1)")
+        # vLLM's own SchedulerConfig checks
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(f"--max-num-batched-tokens ({self.max_num_batched_tokens}) must be at least "
+                              f"--max-num-seqs ({self.max_num_seqs})")
+        if not self.enable_chunked_prefill and self.max_model_len is None:
+            raise ConfigError("without chunked prefill vLLM needs --max-model-len <= --max-num-batched-tokens")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(f"without chunked prefill --max-num-batched-tokens ({self.max_num_batched_tokens}) "
+                              f"must be at least the max model length ({self.max_model_len})")
 
 
 class VllmRequest:

@@ -162,7 +162,7 @@ def make_scheduler(job: dict) -> Scheduler:
                               else None),
         max_prefill_tokens=int(job.get("max_prefill_tokens", 16384)),
         max_running_requests=int(job["max_running_requests"]), max_total_num_tokens=int(job["capacity"]),
-        max_req_len=MAX_CONTEXT, max_new_tokens_limit=None, kv_shard_widening=1, sliding_window_size=None,
+        max_req_len=int(job.get("context_len") or MAX_CONTEXT), max_new_tokens_limit=None, kv_shard_widening=1, sliding_window_size=None,
         truncation_align_size=None, priority_scheduling_preemption_threshold=10, max_prefill_bs=0,
         prefill_decode_interval=0, _prefill_decode_interval_remaining=0, prefill_delayer=None,
         min_free_slots_delayer=None, dynamic_chunk_sizer=None, decode_offload_manager=None,
