@@ -1,4 +1,6 @@
-"""SGLang 0.5.23's ``PrefillAdder``: which waiting requests join this prefill batch (doc §4).
+"""SGLang 0.5.23's ``PrefillAdder``: which waiting requests join a prefill batch.
+
+Section numbers (§) refer to ``docs/engines/sglang-scheduler.md``.
 
 Re-states ``PrefillAdder`` and ``PrefillBudget`` (``schedule_policy.py``,
 ``mem_cache/prefill_budget.py``) for the default token pool. The budget is the free

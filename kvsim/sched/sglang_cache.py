@@ -5,7 +5,8 @@ through a few calls (``match_prefix``, ``lock``/``unlock``, ``evict``, ``alloc``
 ``checkpoint_kv_cache``, ``release_kv_cache``); this module exposes exactly those, on
 kvsim's reference ``RadixCacheModel``, so moving the cache layer means editing this one
 file. A request's KV bookkeeping (its row of slots, protected / inserted / allocated /
-committed lengths, locked node) is a ``radix_cache.RequestState``.
+committed lengths, locked node) is a ``radix_cache.RequestState``. "spec §" refers to the
+engine spec ``sglang_radix.md``.
 """
 from __future__ import annotations
 

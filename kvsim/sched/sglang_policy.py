@@ -1,4 +1,6 @@
-"""SGLang 0.5.23's waiting-queue order: ``SchedulePolicy.calc_priority`` (scheduler doc §3).
+"""SGLang 0.5.23's waiting-queue order: ``SchedulePolicy.calc_priority``.
+
+Section numbers (§) refer to ``docs/engines/sglang-scheduler.md``.
 
 Re-states ``sglang/srt/managers/schedule_policy.py`` for the default tree (whose
 ``supports_fast_match_prefix`` is false): the queue is a list sorted in place, every sort

@@ -6,7 +6,7 @@ Re-states ``sglang/srt/managers/scheduler.py`` (``event_loop_normal`` /
 ``prepare_for_decode``, ``check_decode_mem``, ``retract_decode``, ``filter_batch``) and
 the batch-result processor, for a generation model without speculative decoding,
 LoRA, hierarchical cache, mixed chunks or priorities. Section numbers (§) refer to
-``docs/engines/sglang-scheduler.md``.
+``docs/engines/sglang-scheduler.md``; "spec §" to the engine spec ``sglang_radix.md``.
 
 One loop iteration: the previous prefill batch joins the running batch; a new prefill
 batch is built if any request is waiting and the running batch is not full (prefill
@@ -46,7 +46,7 @@ class SglangSchedSettings:
     schedule_policy: str = "fcfs"
     chunked_prefill_size: int = 8192       # <= 0 disables chunking
     max_prefill_tokens: int = 16384
-    max_running_requests: int = 256
+    max_running_requests: int | None = None   # None: derived from the pool as SGLang does
     schedule_conservativeness: float = 1.0
     overlap: bool = True                   # --disable-overlap-schedule turns it off
     finish: str = "length"                 # length: ignore_eos, max_new = logged output; stop: EOS
@@ -63,8 +63,17 @@ class SglangSchedSettings:
             raise ConfigError(f"unknown finish {self.finish!r}; choose length or stop")
         if self.capacity < 1 or self.page_size < 1 or self.capacity % self.page_size:
             raise ConfigError("the radix capacity must be a positive multiple of the page size")
+        if self.max_running_requests is None:
+            object.__setattr__(self, "max_running_requests",
+                               default_max_running_requests(self.capacity, self.context_len))
         if self.max_running_requests < 1 or self.max_prefill_tokens < 1:
             raise ConfigError("--max-running-requests and --max-prefill-tokens must be positive")
+
+
+def default_max_running_requests(capacity: int, context_len: int) -> int:
+    """SGLang's request-slot count when unset (``_resolve_max_running_requests_per_worker``)."""
+    estimated = max(min(int(capacity / context_len * 512), 4096), 2048)
+    return max(min(estimated, capacity // 2), 1)
 
 
 class SglangRequest:
@@ -213,7 +222,7 @@ class SglangEngine:
         if chunked is not None:
             exclude.add(chunked)
             if chunked.kv.extend_end > chunked.kv.prefix_len:
-                self.cache.checkpoint(chunked.kv, chunked.kv.extend_end)   # stash the chunk (§3.5)
+                self.cache.checkpoint(chunked.kv, chunked.kv.extend_end)   # stash the chunk (§4.5)
         running, last = self.running, self.last_batch
         if last is not None and last.mode == EXTEND:
             if last.chunked_req is not None:
@@ -285,7 +294,7 @@ class SglangEngine:
         return batch
 
     def prepare_for_extend(self, batch: Batch) -> None:
-        """Rows, one eviction for the whole batch, slots; ``cached_tokens`` is counted here (§3.1)."""
+        """Rows, one eviction for the whole batch, slots; ``cached_tokens`` is counted here (§6.1)."""
         cache, p = self.cache, self.settings.page_size
         extend_num_tokens = sum(r.kv.extend_end - r.kv.prefix_len for r in batch.reqs)
         for r in batch.reqs:
@@ -407,7 +416,7 @@ class SglangEngine:
                 self.result.cached_tokens[i] = r.cached_tokens
                 self.result.preemptions[i] = r.retraction_count
             elif mode == EXTEND:
-                self.cache.checkpoint(r.kv, r.kv.extend_end)   # the prompt enters the tree (§3.2)
+                self.cache.checkpoint(r.kv, r.kv.extend_end)   # the prompt enters the tree (§6.2)
 
 
 def replay_sglang_steps(prompts, outputs, arrival_steps, settings: SglangSchedSettings) -> StepResult:

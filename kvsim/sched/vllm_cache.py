@@ -43,7 +43,7 @@ class VllmKVCache:
         """``allocate_slots``; False (nothing changed) when the blocks do not fit.
 
         The watermark is checked here, before the manager's own checks: both of vLLM's
-        checks add ``watermark_blocks`` to the blocks needed (scheduler doc §3.4).
+        checks add ``watermark_blocks`` to the blocks needed (docs/engines/vllm-scheduler.md §3.3).
         """
         seq.num_computed_tokens = num_computed
         if apply_watermark and self.watermark_blocks:
