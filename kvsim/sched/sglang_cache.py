@@ -5,8 +5,8 @@ through a few calls (``match_prefix``, ``lock``/``unlock``, ``evict``, ``alloc``
 ``checkpoint_kv_cache``, ``release_kv_cache``); this module exposes exactly those, on
 kvsim's reference ``RadixCacheModel``, so moving the cache layer means editing this one
 file. A request's KV bookkeeping (its row of slots, protected / inserted / allocated /
-committed lengths, locked node) is a ``radix_cache.RequestState``. "spec §" refers to the
-engine spec ``sglang_radix.md``.
+committed lengths, locked node) is a ``radix_cache.RequestState``. Citations name the cache
+rules' page, ``docs/engines/radix.md``.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class SglangKVCache:
         """``match_kv_cache`` on the first ``length`` tokens (at most ``limit`` matched).
 
         Sets the request's prefix and locked-to-be node and copies the prefix's slots into
-        its row; it stamps the tree and may split an edge (spec §2).
+        its row; it stamps the tree and may split an edge (radix.md §2).
         """
         n = length if limit is None else min(length, limit)
         tokens = state.fill(length)[:n]
@@ -102,11 +102,11 @@ class SglangKVCache:
         state.committed += 1
 
     def checkpoint(self, state: RequestState, upto: int) -> None:
-        """``checkpoint_kv_cache``: publish ``[0, upto)`` and move the lock (spec §3.2)."""
+        """``checkpoint_kv_cache``: publish ``[0, upto)`` and move the lock (radix.md §3.2)."""
         self.model.checkpoint(state, upto)
 
     def release(self, state: RequestState) -> None:
-        """``release_kv_cache(checkpoint=True)`` of a finished request (spec §3.3)."""
+        """``release_kv_cache(checkpoint=True)`` of a finished request (radix.md §3.3)."""
         self.model.release(state)
 
     def release_uncached(self, state: RequestState) -> None:

@@ -6,7 +6,7 @@ Re-states ``sglang/srt/managers/scheduler.py`` (``event_loop_normal`` /
 ``prepare_for_decode``, ``check_decode_mem``, ``retract_decode``, ``filter_batch``) and
 the batch-result processor, for a generation model without speculative decoding,
 LoRA, hierarchical cache, mixed chunks or priorities. Section numbers (§) refer to
-``docs/engines/sglang-scheduler.md``; "spec §" to the engine spec ``sglang_radix.md``.
+``docs/engines/sglang-scheduler.md``; ``radix.md §`` to the cache rules in ``docs/engines/radix.md``.
 
 One loop iteration: the previous prefill batch joins the running batch; a new prefill
 batch is built if any request is waiting and the running batch is not full (prefill
@@ -272,7 +272,7 @@ class SglangEngine:
                 running.batch_is_full = True
             if running.batch_is_full:
                 break
-            # init_next_round_input: match at most len - 1 tokens (spec §2.1)
+            # init_next_round_input: match at most len - 1 tokens (radix.md §2.1)
             self.cache.match(req.kv, req.seq_len, limit=req.seq_len - 1)
             req.kv.protected = req.kv.prefix_len
             res = adder.add_one_req(req)
@@ -375,7 +375,7 @@ class SglangEngine:
         return retracted
 
     def _reset_for_retract(self, req: SglangRequest) -> None:
-        """The request starts over; generated tokens are kept and recomputed (spec §3.4)."""
+        """The request starts over; generated tokens are kept and recomputed (radix.md §3.4)."""
         req.retraction_count += 1
         req.num_matched_prefix_tokens = 0
         req.is_retracted = True
