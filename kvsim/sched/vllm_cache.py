@@ -10,7 +10,39 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
+import numpy as np
+
 from kvsim.cache.apc import APCManager, BlockHasher, Sequence
+
+
+class TokenBuffer:
+    """A request's tokens in a growing numpy buffer: slices are views, so hashing the
+    blocks a new token fills does not copy the whole sequence again."""
+
+    __slots__ = ("buf", "n")
+
+    def __init__(self, tokens: Seq[int], capacity: int) -> None:
+        self.buf = np.empty(max(capacity, len(tokens), 1), np.int64)
+        self.n = len(tokens)
+        self.buf[:self.n] = tokens
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return self.buf[:self.n][key]
+        return int(self.buf[:self.n][key])
+
+    def extend(self, tokens) -> None:
+        for t in tokens:
+            self.append(t)
+
+    def append(self, token: int) -> None:
+        if self.n == len(self.buf):
+            self.buf = np.concatenate([self.buf, np.empty(len(self.buf), np.int64)])
+        self.buf[self.n] = token
+        self.n += 1
 
 
 class VllmKVCache:
@@ -25,8 +57,12 @@ class VllmKVCache:
         self.watermark_blocks = int(watermark * num_gpu_blocks)
 
     def new_sequence(self, request_id: str, prompt: Seq[int], lora: str | None = None,
-                     cache_salt: str | None = None) -> Sequence:
-        return Sequence(request_id, list(prompt), len(prompt), self.hasher, lora, cache_salt)
+                     cache_salt: str | None = None, max_outputs: int = 0) -> Sequence:
+        seq = Sequence(request_id, [], len(prompt), None, lora, cache_salt)
+        seq.tokens = TokenBuffer(prompt, len(prompt) + max_outputs)
+        seq.hasher = self.hasher
+        self.hasher.extend(seq)
+        return seq
 
     @staticmethod
     def append(seq: Sequence, token: int) -> None:

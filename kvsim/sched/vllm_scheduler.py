@@ -350,7 +350,8 @@ class VllmEngine:
         if not self.fits_ever(index):
             self.result.rejected[index] = True
             return
-        seq = self.scheduler.cache.new_sequence(str(index), self.prompts[index])
+        seq = self.scheduler.cache.new_sequence(str(index), self.prompts[index],
+                                                max_outputs=len(self.outputs[index]))
         priority = 0 if self.priorities is None else int(self.priorities[index])
         self.scheduler.add_request(VllmRequest(index, seq, np.asarray(self.outputs[index]), priority))
 
