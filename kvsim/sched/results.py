@@ -22,10 +22,12 @@ class StepResult:
     finish_step: np.ndarray
     preemptions: np.ndarray
     rejected: np.ndarray
+    output_tokens: np.ndarray | None = None         # tokens each request generated
     steps: int = 0                                  # scheduler steps taken (the clock at the end)
+    finished: list = field(default_factory=list)    # request indices in the order they finished
     extra: dict = field(default_factory=dict)
 
     @classmethod
     def empty(cls, engine: str, n: int) -> StepResult:
         return cls(engine, np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.full(n, -1, np.int64),
-                   np.zeros(n, np.int64), np.zeros(n, bool))
+                   np.zeros(n, np.int64), np.zeros(n, bool), np.zeros(n, np.int64))

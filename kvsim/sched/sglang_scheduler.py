@@ -26,7 +26,7 @@ from kvsim.sched.clock import run_steps
 from kvsim.sched.results import StepResult
 from kvsim.sched.sglang_adder import CONTINUE, NO_TOKEN, OTHER, PrefillAdder
 from kvsim.sched.sglang_cache import SglangKVCache, namespace
-from kvsim.sched.sglang_policy import POLICIES, SchedulePolicy
+from kvsim.sched.sglang_policy import CACHE_AWARE, POLICIES, SchedulePolicy
 
 CLIP_MAX_NEW_TOKENS = 4096
 RETRACT_DECODE_STEPS = 20          # SGLANG_RETRACT_DECODE_STEPS
@@ -54,6 +54,7 @@ class SglangSchedSettings:
     context_len: int = 1 << 15             # max_req_len: generation is clipped to it
     random_seed: int = 0
     eviction_policy: str = "lru"
+    enable_prefix_caching: bool = True     # False: kvsim's no-cache counterfactual (§7)
 
     def __post_init__(self) -> None:
         if self.schedule_policy not in POLICIES:
@@ -141,7 +142,10 @@ class SglangEngine:
         s = self.settings = settings
         self.prompts, self.outputs = prompts, outputs
         self.cache = SglangKVCache(s.capacity, s.page_size, s.eviction_policy)
-        self.policy = SchedulePolicy(s.schedule_policy, self.cache, s.random_seed)
+        # without prefix caching SGLang turns lpm and dfs-weight into fcfs
+        policy = s.schedule_policy if s.enable_prefix_caching or s.schedule_policy not in CACHE_AWARE else "fcfs"
+        self.policy = SchedulePolicy(policy, self.cache, s.random_seed)
+        self.max_match = None if s.enable_prefix_caching else 0
         self.chunk = s.chunked_prefill_size if s.chunked_prefill_size > 0 else None
         self.waiting: list[SglangRequest] = []
         self.running = Batch([])
@@ -155,6 +159,7 @@ class SglangEngine:
         self.ratio_decay = (self.ratio_init - self.ratio_min) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = self.ratio_init
         self.result = StepResult.empty("sglang", len(prompts))
+        self.on_batch = None        # on_batch(step, requests, new tokens, context, decode?): timed replay
 
     # -- requests ----------------------------------------------------------------------
     def add(self, index: int) -> None:
@@ -199,6 +204,14 @@ class SglangEngine:
 
     def step(self, step: int) -> bool:
         batch = self.get_next_batch_to_run()
+        if batch is not None and self.on_batch is not None:
+            if batch.mode == EXTEND:
+                new = [r.kv.extend_end - r.kv.prefix_len for r in batch.reqs]
+                ctx = [r.kv.prefix_len for r in batch.reqs]
+            else:
+                new = [1] * len(batch.reqs)
+                ctx = [r.kv.committed - 1 for r in batch.reqs]
+            self.on_batch(step, [r.index for r in batch.reqs], new, ctx, [batch.mode == DECODE] * len(new))
         if not self.settings.overlap:                       # event_loop_normal
             if batch is not None:
                 self.process(batch.mode, batch.reqs, step)
@@ -273,7 +286,8 @@ class SglangEngine:
             if running.batch_is_full:
                 break
             # init_next_round_input: match at most len - 1 tokens (radix.md §2.1)
-            self.cache.match(req.kv, req.seq_len, limit=req.seq_len - 1)
+            limit = req.seq_len - 1 if self.max_match is None else self.max_match
+            self.cache.match(req.kv, req.seq_len, limit=limit)
             req.kv.protected = req.kv.prefix_len
             res = adder.add_one_req(req)
             if res != CONTINUE:
@@ -413,6 +427,8 @@ class SglangEngine:
                 self._release_row(r, checkpoint=True)
                 i = r.index
                 self.result.finish_step[i] = step
+                self.result.output_tokens[i] = r.out_count
+                self.result.finished.append(i)
                 self.result.cached_tokens[i] = r.cached_tokens
                 self.result.preemptions[i] = r.retraction_count
             elif mode == EXTEND:

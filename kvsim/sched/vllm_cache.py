@@ -49,9 +49,10 @@ class VllmKVCache:
     """vLLM 0.33's ``KVCacheManager`` operations, as its scheduler uses them."""
 
     def __init__(self, num_gpu_blocks: int, block_size: int, watermark: float = 0.0,
-                 hash_algo: str = "fast", max_model_len: int = 1 << 62) -> None:
+                 hash_algo: str = "fast", max_model_len: int = 1 << 62, enable_caching: bool = True) -> None:
         self.block_size = block_size
-        self.manager = APCManager(num_gpu_blocks, block_size, log_stats=False, max_model_len=max_model_len)
+        self.manager = APCManager(num_gpu_blocks, block_size, enable_caching=enable_caching, log_stats=False,
+                                  max_model_len=max_model_len)
         self.hasher = BlockHasher(block_size, hash_algo)
         # KVCacheManager.watermark_blocks: a share of all blocks, the null block included
         self.watermark_blocks = int(watermark * num_gpu_blocks)

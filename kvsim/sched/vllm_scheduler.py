@@ -48,6 +48,7 @@ class VllmSchedSettings:
     enable_chunked_prefill: bool = True
     max_model_len: int | None = None       # None: no cap below the requests' own lengths
     hash_algo: str = "fast"
+    enable_prefix_caching: bool = True     # --no-enable-prefix-caching: every lookup misses
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -149,6 +150,7 @@ class StepPlan:
     step: int
     scheduled: dict
     sampled: dict
+    decoding: set            # running requests past their prefill: one token each
 
     @property
     def total_tokens(self) -> int:
@@ -161,7 +163,8 @@ class VllmScheduler:
     def __init__(self, settings: VllmSchedSettings) -> None:
         s = self.settings = settings
         self.max_model_len = s.max_model_len or (1 << 62)
-        self.cache = VllmKVCache(s.num_gpu_blocks, s.block_size, s.watermark, s.hash_algo, self.max_model_len)
+        self.cache = VllmKVCache(s.num_gpu_blocks, s.block_size, s.watermark, s.hash_algo, self.max_model_len,
+                                 s.enable_prefix_caching)
         self.waiting = WaitingQueue(s.policy == "priority")
         self.running: list[VllmRequest] = []
         self.finished_since_schedule = False      # finished_req_ids not yet sent to the workers
@@ -179,6 +182,7 @@ class VllmScheduler:
         priority = s.policy == "priority"
         budget = s.max_num_batched_tokens
         scheduled: dict[VllmRequest, int] = {}
+        decoding: set[VllmRequest] = set()
         preempted = False
         # the long-prefill cap applies only when another request could use the budget (§3.2)
         threshold = s.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
@@ -223,6 +227,8 @@ class VllmScheduler:
                     continue        # it preempted itself; later (higher-priority) requests may fit
                 break
             scheduled[req] = n
+            if not req.is_prefill_chunk:
+                decoding.add(req)
             budget -= n
             i += 1
 
@@ -270,7 +276,7 @@ class VllmScheduler:
                 if s.async_scheduling:
                     req.num_output_placeholders += 1
         self.finished_since_schedule = False
-        return StepPlan(step, scheduled, sampled)
+        return StepPlan(step, scheduled, sampled, decoding)
 
     def _preempt(self, req: VllmRequest) -> None:
         """``_preempt_request``: free its blocks, recompute from scratch later (§3.4)."""
@@ -318,6 +324,8 @@ class VllmScheduler:
                 self.finished_since_schedule = True
                 cache.free(req.seq)
                 result.finish_step[i] = plan.step
+                result.output_tokens[i] = req.num_output_tokens
+                result.finished.append(i)
                 result.preemptions[i] = req.num_preemptions
                 (stopped_running if status_before == RUNNING else stopped_waiting).add(req)
         if stopped_running:
@@ -340,6 +348,7 @@ class VllmEngine:
         self.priorities = priorities
         self.result = StepResult.empty("vllm", len(prompts))
         self.queue: deque[StepPlan] = deque()
+        self.on_batch = None        # on_batch(step, requests, new tokens, context, decode?): timed replay
 
     def fits_ever(self, index: int) -> bool:
         """kvsim's rejection rule: the request's peak blocks fit an empty cache (§1)."""
@@ -361,16 +370,26 @@ class VllmEngine:
     def idle(self) -> None:
         """vLLM's busy loop just waits for input."""
 
+    def schedule(self, step: int) -> StepPlan:
+        plan = self.scheduler.schedule(step)
+        if self.on_batch is not None and plan.scheduled:
+            reqs = list(plan.scheduled)
+            new = [plan.scheduled[r] for r in reqs]
+            self.on_batch(step, [r.index for r in reqs], new,
+                          [r.num_computed_tokens - n for r, n in zip(reqs, new)],
+                          [r in plan.decoding for r in reqs])
+        return plan
+
     def step(self, step: int) -> bool:
         sched = self.scheduler
         if not self.settings.async_scheduling:
             if not sched.has_requests():
                 return False
-            sched.update_from_output(sched.schedule(step), self.result)
+            sched.update_from_output(self.schedule(step), self.result)
             return True
         took_step = False
         if sched.has_requests():
-            plan = sched.schedule(step)
+            plan = self.schedule(step)
             took_step = True
             self.queue.appendleft(plan)
             if len(self.queue) < BATCH_QUEUE_SIZE and (plan.scheduled or sched.has_requests()):
