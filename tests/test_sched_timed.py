@@ -140,3 +140,12 @@ def test_closed_loop_on_the_step_clock():
     releases = Releases.closed_loop(np.array([0, 4]), np.array([3, 3]))
     r = replay_steps(VllmSchedSettings(num_gpu_blocks=64, async_scheduling=False), prompts, outputs, releases)
     assert r.first_token_step[1] == r.finish_step[0] + 1 + 4
+
+
+def test_timestamps_to_steps():
+    """--arrival-from timestamp --step-seconds 0.5: steps counted from the first arrival."""
+    assert Releases.steps_from_seconds([10.0, 10.4, 10.5, 13.0], 0.5).tolist() == [0, 0, 1, 6]
+    with pytest.raises(ConfigError):
+        Releases.steps_from_seconds([1.0, float("nan")], 0.5)
+    with pytest.raises(ConfigError):
+        Releases.steps_from_seconds([1.0], 0.0)

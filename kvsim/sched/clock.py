@@ -21,6 +21,8 @@ from typing import Protocol
 
 import numpy as np
 
+from kvsim.errors import ConfigError
+
 
 class SteppedEngine(Protocol):
     result: object     # a StepResult: rejected, first_token_step, finish_step, finished
@@ -54,6 +56,17 @@ class Releases:
     @classmethod
     def logged(cls, at) -> Releases:
         return cls(np.asarray(at))
+
+    @staticmethod
+    def steps_from_seconds(seconds, step_seconds: float) -> np.ndarray:
+        """``--arrival-from timestamp --step-seconds S``: step ``floor((t - t_first) / S)``."""
+        seconds = np.asarray(seconds, np.float64)
+        if step_seconds <= 0:
+            raise ConfigError(f"--step-seconds must be positive, got {step_seconds}")
+        if len(seconds) and not np.isfinite(seconds).all():
+            raise ConfigError("--arrival-from timestamp needs a timestamp on every request")
+        start = seconds.min() if len(seconds) else 0.0
+        return np.floor((seconds - start) / step_seconds).astype(np.int64)
 
     @classmethod
     def closed_loop(cls, at, session) -> Releases:

@@ -79,7 +79,7 @@ def vllm_job(path, s) -> dict:
             "long_prefill_token_threshold": s.long_prefill_token_threshold, "policy": s.policy,
             "async_scheduling": s.async_scheduling, "watermark": s.watermark,
             "reserve_full_isl": s.reserve_full_isl, "enable_chunked_prefill": s.enable_chunked_prefill,
-            "max_model_len": s.max_model_len}
+            "max_model_len": s.max_model_len, "enable_prefix_caching": s.enable_prefix_caching}
 
 
 def sglang_job(path, s) -> dict:

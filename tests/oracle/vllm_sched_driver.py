@@ -67,7 +67,7 @@ MODEL_DIR = _model_dir()
 
 
 def make_scheduler(job: dict):
-    """The real (Async)Scheduler with the job's settings, prefix caching on."""
+    """The real (Async)Scheduler with the job's settings (prefix caching on unless the job says)."""
     B, N = int(job["block_size"]), int(job["num_gpu_blocks"])
     max_model_len = int(job.get("max_model_len") or MAX_MODEL_LEN)
     model = ModelConfig(model=MODEL_DIR, skip_tokenizer_init=True, max_model_len=max_model_len, dtype="float32")
@@ -79,7 +79,7 @@ def make_scheduler(job: dict):
         policy=job.get("policy", "fcfs"), async_scheduling=bool(job["async_scheduling"]),
         watermark=float(job.get("watermark", 0.0)),
         scheduler_reserve_full_isl=bool(job.get("reserve_full_isl", True)))
-    cache = CacheConfig(block_size=B, enable_prefix_caching=True)
+    cache = CacheConfig(block_size=B, enable_prefix_caching=bool(job.get("enable_prefix_caching", True)))
     cache.num_gpu_blocks = N
     config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
                         device_config=DeviceConfig(device="cpu"))
