@@ -123,3 +123,26 @@ def test_vllm_settings_errors(bad):
 def test_sglang_settings_errors(bad):
     with pytest.raises(ConfigError):
         SglangSchedSettings(**{"capacity": 1024, **bad})
+
+
+def test_ring_allocator_hands_out_the_same_pages_as_the_reference():
+    """The adapter's numpy ring gives the same pages in the same order as SlotAllocator."""
+    from kvsim.cache.radix_cache import SlotAllocator
+    from kvsim.sched.sglang_cache import RingSlotAllocator
+
+    rng = np.random.default_rng(0)
+    for p in (1, 4):
+        ref, ring = SlotAllocator(64 * p, p), RingSlotAllocator(64 * p, p)
+        held = []
+        for _ in range(400):
+            if held and (rng.random() < 0.5 or ref.available_size() < 8 * p):
+                pages = held.pop(int(rng.integers(len(held))))
+                slots = (pages[:, None] * p + np.arange(p)).reshape(-1)
+                ref.free_slots(slots)
+                ring.free_slots(slots)
+            else:
+                n = int(rng.integers(1, 8))
+                a, b = ref.alloc_pages(n), ring.alloc_pages(n)
+                np.testing.assert_array_equal(a, b)
+                held.append(a)
+            assert ref.available_size() == ring.available_size()

@@ -20,6 +20,51 @@ from kvsim.cache.radix_cache import RadixCacheModel, RequestState, ceil_page, ma
 __all__ = ["SglangKVCache", "RequestState", "ceil_page", "namespace"]
 
 
+class RingSlotAllocator:
+    """``radix_cache.SlotAllocator`` with its free pages in a numpy ring: the same pages in
+    the same order (taken from the front; freed pages appended (page 1) or prepended (paged)),
+    without a Python operation per slot."""
+
+    def __init__(self, capacity: int, page_size: int) -> None:
+        self.page_size = page_size
+        self.unlimited = False
+        self.num_pages = capacity // page_size
+        self.ring = np.arange(1, self.num_pages + 2, dtype=np.int64)   # page 0 is padding
+        self.cap = len(self.ring)
+        self.head = 0
+        self.size = self.num_pages
+
+    def available_size(self) -> int:
+        return self.size * self.page_size
+
+    def _positions(self, start: int, n: int) -> np.ndarray:
+        return (start + np.arange(n)) % self.cap
+
+    def alloc_pages(self, n: int) -> np.ndarray:
+        if n > self.size:
+            raise RuntimeError("out of KV memory (the admission check should prevent this)")
+        if self.head + n <= self.cap:
+            out = self.ring[self.head:self.head + n].copy()
+        else:
+            out = self.ring[self._positions(self.head, n)]
+        self.head = (self.head + n) % self.cap
+        self.size -= n
+        return out
+
+    def free_slots(self, slots: np.ndarray) -> None:
+        if len(slots) == 0:
+            return
+        p = self.page_size
+        pages = np.asarray(slots[::p]) // p
+        m = len(pages)
+        if p == 1:                                   # token allocator appends
+            self.ring[self._positions(self.head + self.size, m)] = pages
+        else:                                        # paged allocator prepends
+            self.head = (self.head - m) % self.cap
+            self.ring[self._positions(self.head, m)] = pages
+        self.size += m
+
+
 class SglangKVCache:
     """SGLang 0.5.23's ``UnifiedRadixCache`` + token allocator, as the scheduler calls them."""
 
@@ -27,6 +72,7 @@ class SglangKVCache:
                  flavor: str = "unified") -> None:
         self.model = RadixCacheModel(page_size=page_size, capacity=capacity, eviction_policy=eviction_policy,
                                      flavor=flavor)
+        self.model.alloc = RingSlotAllocator(capacity, page_size)
         self.tree: RadixTree = self.model.tree
         self.page_size = page_size
         self.capacity = capacity
@@ -90,16 +136,22 @@ class SglangKVCache:
         """Slots for ``[prefix_len, extend_end)``; the batch's eviction already ran."""
         self.model.alloc_extend(state)
 
-    def alloc_decode(self, state: RequestState) -> None:
-        """One slot for the next decode position; the batch's eviction already ran."""
-        p, c = self.page_size, state.committed
-        alloc = self.model.alloc
+    def alloc_decode(self, states: list[RequestState]) -> None:
+        """One slot each for the next decode position, in batch order; the eviction already ran."""
+        p, alloc = self.page_size, self.model.alloc
         if p == 1:
-            state.row[c] = alloc.alloc_pages(1)[0]
-        else:
-            state.row[c] = alloc.alloc_pages(1)[0] * p if c % p == 0 else state.row[c - 1] + 1
-        state.allocated += 1
-        state.committed += 1
+            for state, slot in zip(states, alloc.alloc_pages(len(states)).tolist()):
+                state.row[state.committed] = slot
+                state.allocated += 1
+                state.committed += 1
+            return
+        opening = [st for st in states if st.committed % p == 0]
+        pages = iter(alloc.alloc_pages(len(opening)).tolist())
+        for state in states:
+            c = state.committed
+            state.row[c] = next(pages) * p if c % p == 0 else state.row[c - 1] + 1
+            state.allocated += 1
+            state.committed += 1
 
     def checkpoint(self, state: RequestState, upto: int) -> None:
         """``checkpoint_kv_cache``: publish ``[0, upto)`` and move the lock (radix.md §3.2)."""

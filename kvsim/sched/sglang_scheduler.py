@@ -352,8 +352,7 @@ class SglangEngine:
         # prepare_for_decode: one eviction for the batch, then a slot per request
         p = self.settings.page_size
         self.cache.evict_to_free(len(batch.reqs) * p)
-        for r in batch.reqs:
-            self.cache.alloc_decode(r.kv)
+        self.cache.alloc_decode([r.kv for r in batch.reqs])
         batch.mode = DECODE
         return batch
 

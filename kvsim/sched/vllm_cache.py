@@ -83,6 +83,8 @@ class VllmKVCache:
         checks add ``watermark_blocks`` to the blocks needed (docs/engines/vllm-scheduler.md §3.3).
         """
         seq.num_computed_tokens = num_computed
+        if self._nothing_to_do(seq, num_computed + num_new_computed + num_new_tokens, hits, full_sequence_must_fit):
+            return True
         if apply_watermark and self.watermark_blocks:
             manager, hits_ = self.manager, hits or []
             free = manager.pool.num_free_blocks - self.watermark_blocks
@@ -94,6 +96,21 @@ class VllmKVCache:
                 return False
         return self.manager.allocate_slots(seq, num_new_tokens, num_new_computed, hits,
                                            full_sequence_must_fit=full_sequence_must_fit) is not None
+
+    def _nothing_to_do(self, seq: Sequence, num_slots: int, hits, full_sequence_must_fit: bool) -> bool:
+        """A running request whose blocks already hold the new tokens and fill no new block:
+        ``allocate_slots`` would succeed without changing anything (most decode steps)."""
+        manager = self.manager
+        blocks = manager.req_to_blocks.get(seq.request_id)
+        if blocks is None or hits or full_sequence_must_fit:
+            return False
+        num_slots = min(num_slots, manager.max_model_len)
+        if len(blocks) * self.block_size < num_slots:
+            return False
+        if not manager.enable_caching:
+            return True
+        full = min(num_slots, len(seq.tokens), len(seq.block_hashes) * self.block_size) // self.block_size
+        return full <= manager.num_cached_block.get(seq.request_id, 0)
 
     def cache_blocks(self, seq: Sequence, num_tokens: int) -> None:
         self.manager.cache_blocks(seq, num_tokens)

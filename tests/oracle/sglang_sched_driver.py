@@ -51,6 +51,7 @@ from sglang.srt.server_args import ServerArgs, set_global_server_args_for_schedu
 CLIP_MAX_NEW_TOKENS = 4096
 MAX_CONTEXT = 1 << 15
 STOP_TOKEN = 1_000_003      # finish "stop": the last output token of every request is this id
+SYNTHETIC_BASE = 1 << 40    # above every real token id
 
 
 def publish(job: dict) -> None:
@@ -122,7 +123,8 @@ NULL = Null()
 def build_cache(job: dict):
     """The default server's tree: UnifiedRadixCache (Rust core), real allocator and row pool."""
     p, capacity = int(job.get("page_size", 1)), int(job["capacity"])
-    pool = ReqToTokenPool(size=int(job["max_running_requests"]), max_context_len=MAX_CONTEXT, device="cpu",
+    context = int(job.get("context_len") or MAX_CONTEXT)
+    pool = ReqToTokenPool(size=int(job["max_running_requests"]), max_context_len=context + 16, device="cpu",
                           enable_memory_saver=False)
     if p == 1:
         alloc = TokenToKVPoolAllocator(size=capacity, dtype=torch.bfloat16, device="cpu", kvcache=None,
@@ -203,7 +205,10 @@ class Workload:
         return self.prompt_tok[self.prompt_off[i]:self.prompt_off[i + 1]].tolist()
 
     def output(self, i: int) -> list[int]:
-        return self.out_tok[self.out_off[i]:self.out_off[i + 1]].tolist()
+        # kvsim synthesizes unknown replies as distinct negative ids that match nothing;
+        # SGLang takes a negative id for a NaN and stops, so shift them out of range
+        return [t if t >= 0 else SYNTHETIC_BASE - t for t in
+                self.out_tok[self.out_off[i]:self.out_off[i + 1]].tolist()]
 
 
 class Replay:
