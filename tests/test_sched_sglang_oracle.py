@@ -1,6 +1,6 @@
 """Differential tests: kvsim's SGLang scheduler model against the REAL SGLang 0.5.23 scheduler.
 
-24 seeded workloads x 300 requests arriving in bursts on a step clock, replayed through
+25 seeded workloads x 300 requests arriving in bursts on a step clock, replayed through
 SGLang's own ``Scheduler`` methods (``get_next_batch_to_run``, ``PrefillAdder``,
 ``SchedulePolicy``, ``ScheduleBatch``, the default ``UnifiedRadixCache`` with its Rust
 core, the real allocator and request pool, the batch-result processor) with a fake model
@@ -10,7 +10,8 @@ token, the finishing step, the retraction count and the rejection must be equal.
 The configurations cover every schedule policy (``lpm`` also above its 128-request
 fallback), the overlap scheduler on and off, page sizes 1 and 16, chunked prefill from
 64 tokens to off, ``max_running_requests`` 4-64, finishing by length and by a stop
-token, and memory tight enough for NO_TOKEN stalls and decode retraction. The specs'
+token, unknown replies (synthesized negative ids), and memory tight enough for NO_TOKEN
+stalls and decode retraction. The specs'
 scenarios 15-16 and the lpm-beats-fcfs workload run in the same subprocess.
 """
 from __future__ import annotations
@@ -70,6 +71,7 @@ CONFIGS = [
                                                  max_new_tokens=100)),
     (19, dict(output_len=(5, 80)), True, 2, dict(BASE, page_size=16, schedule_policy="random", overlap=True,
                                                  random_seed=11)),
+    (20, dict(p_synth=0.5), False, 2, dict(BASE, schedule_policy="lpm", overlap=True)),
 ]
 RETRACTING = [k for k, c in enumerate(CONFIGS) if c[1] is RETRACT_MIX]
 

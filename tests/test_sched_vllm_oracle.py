@@ -1,6 +1,6 @@
 """Differential tests: kvsim's vLLM scheduler model against the REAL vLLM 0.33.0 scheduler.
 
-25 seeded workloads x 300 requests arriving in bursts on a step clock (shared system
+26 seeded workloads x 300 requests arriving in bursts on a step clock (shared system
 prompts, multi-turn sessions, repeats), replayed through vLLM's real ``Scheduler`` /
 ``AsyncScheduler`` and ``KVCacheManager`` with a fake model runner
 (``tests/oracle/vllm_sched_driver.py``, one subprocess for all of them) and through
@@ -9,7 +9,8 @@ token, the finishing step, the preemption count and the rejection must be equal.
 The configurations cover block sizes 8-32, memory from "the largest request fits
 alone" upwards (preemption), token budgets 48-4096, ``max_num_seqs`` 2-256, the
 long-prefill threshold, FCFS and priority, the watermark, the full-sequence gate off,
-chunked prefill off, prefix caching off, and async scheduling on and off. The specs' scenarios X1-X6 run in
+chunked prefill off, prefix caching off, unknown replies (synthesized ids), and async
+scheduling on and off. The specs' scenarios X1-X6 run in
 the same subprocess and must give the spec's numbers.
 """
 from __future__ import annotations
@@ -76,6 +77,7 @@ CONFIGS = [
     (21, dict(vocab=20, **SHORT), 8, 2.0, dict(max_num_batched_tokens=64, max_num_seqs=6, async_scheduling=True)),
     (22, {}, 16, 1.0, dict(max_num_batched_tokens=256, max_num_seqs=16, enable_prefix_caching=False,
                            async_scheduling=True)),
+    (23, dict(p_synth=0.5), 16, 1.0, dict(max_num_batched_tokens=256, max_num_seqs=16, async_scheduling=True)),
 ]
 TIGHT = [k for k, c in enumerate(CONFIGS) if c[3] <= 1.0]
 

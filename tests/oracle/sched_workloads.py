@@ -27,6 +27,7 @@ class SchedMix:
     burst: tuple[int, int] = (1, 8)        # requests per arrival step
     gap: float = 3.0                       # mean steps between bursts
     priorities: int = 1                    # distinct priority values (vLLM priority policy)
+    p_synth: float = 0.0                   # reply unknown: distinct negative ids, as kvsim synthesizes
 
 
 @dataclass
@@ -52,6 +53,7 @@ def random_workload(seed: int, mix: SchedMix | None = None) -> SchedWorkload:
     tokens = lambda k: rng.integers(0, m.vocab, k).astype(np.int64)  # noqa: E731
     systems = [tokens(int(rng.integers(*m.system_len))) for _ in range(m.system_prompts)]
     sessions: list[np.ndarray] = []
+    synth = 0
     w = SchedWorkload()
     for _ in range(m.n):
         r = rng.random()
@@ -72,6 +74,9 @@ def random_workload(seed: int, mix: SchedMix | None = None) -> SchedWorkload:
         out = tokens(int(rng.integers(*m.output_len)))
         if k is not None:
             sessions[k] = np.concatenate([prompt, out])
+        if rng.random() < m.p_synth:
+            out = -1 - np.arange(synth, synth + len(out), dtype=np.int64)
+            synth += len(out)
         w.prompts.append(prompt)
         w.outputs.append(out)
     arrival, step = [], 0
