@@ -155,6 +155,12 @@ def run(engine: SteppedEngine, releases: Releases, cost=None) -> tuple[int, Time
             engine.add(i)
             if result.rejected[i]:          # never runs: its next turn follows at once
                 release_followers(i, when)
+        if not timed and hasattr(engine, "fast_forward"):
+            taken = engine.fast_forward(now, pending[0][0] - now if pending else 1 << 62)
+            if taken:
+                now += taken
+                step += taken
+                continue
         if engine.step(step if timed else now):
             if timed:
                 line.step_start.append(now)

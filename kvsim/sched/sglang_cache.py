@@ -153,6 +153,27 @@ class SglangKVCache:
             state.allocated += 1
             state.committed += 1
 
+    def alloc_decode_steps(self, states: list[RequestState], k: int) -> None:
+        """``k`` decode steps of the batch at once: slots handed out step by step, in batch order."""
+        p, alloc, bs = self.page_size, self.model.alloc, len(states)
+        if p == 1:
+            slots = alloc.alloc_pages(k * bs).reshape(k, bs)
+            for b, state in enumerate(states):
+                c = state.committed
+                state.row[c:c + k] = slots[:, b]
+                state.allocated += k
+                state.committed += k
+            return
+        # a request opens a page at each position that is a multiple of p
+        opens = sorted((j, b) for b, st in enumerate(states) for j in range((-st.committed) % p, k, p))
+        pages = dict(zip(opens, alloc.alloc_pages(len(opens)).tolist()))
+        for b, state in enumerate(states):
+            c, row = state.committed, state.row
+            for j in range(k):
+                row[c + j] = pages[(j, b)] * p if (c + j) % p == 0 else row[c + j - 1] + 1
+            state.allocated += k
+            state.committed += k
+
     def checkpoint(self, state: RequestState, upto: int) -> None:
         """``checkpoint_kv_cache``: publish ``[0, upto)`` and move the lock (radix.md §3.2)."""
         self.model.checkpoint(state, upto)

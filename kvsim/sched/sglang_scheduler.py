@@ -107,15 +107,6 @@ class SglangRequest:
         """``len(origin_input_ids + output_ids)``: what a (re-)prefill computes."""
         return self.prompt_len + self.out_count
 
-    def update_finish_state(self) -> None:
-        if not self.ignore_eos and self.out_count == self.num_outputs:
-            self.finished = True                    # the stop token
-        elif self.out_count >= self.max_new:
-            self.finished = True                    # max_new_tokens reached
-
-    def next_output_finishes_by_length(self) -> bool:
-        return self.out_count + 1 >= self.max_new
-
 
 class Batch:
     """The parts of a ``ScheduleBatch`` the scheduler reads."""
@@ -229,6 +220,46 @@ class SglangEngine:
         self.last_batch = batch
         return True
 
+    def fast_forward(self, step: int, horizon: int) -> int:
+        """Run up to ``horizon`` steps that only decode at once; returns how many (0: none).
+
+        Steps in which no prefill can start (nobody waits, or the running batch is full),
+        nothing is chunked and nobody finishes only allocate
+        decode slots, evicting the tree's least recently used leaves when the free slots run
+        short. Nothing else touches the tree meanwhile, so they are applied together: the
+        same leaves evicted, the same slots in the same order, the same token counts and
+        ``new_token_ratio`` decays as step by step (§5.4). With pages larger than one token
+        only stretches that need no eviction are taken.
+        """
+        running = self.running
+        reqs = running.reqs
+        if (self.waiting and not running.batch_is_full) or self.chunked_req is not None \
+                or self.last_batch is not running \
+                or running.mode != DECODE or not reqs or horizon < 2 or self.on_batch is not None:
+            return 0
+        if self.settings.overlap and (len(self.result_queue) != 1 or self.result_queue[0][0] != DECODE):
+            return 0
+        bs, p = len(reqs), self.settings.page_size
+        room = min((r.max_new if r.ignore_eos else min(r.max_new, r.num_outputs)) - r.out_count for r in reqs)
+        cache = self.cache
+        # slots that can be had: free ones, and with one-token pages the evictable tree (whole
+        # leaves, least recently used first: one eviction of the total frees the same leaves
+        # as one per step)
+        usable = cache.available_size + (cache.evictable_size if p == 1 else 0)
+        k = min(horizon, room - 3, usable // (bs * p) - 1)
+        if k < 2 or any(r.finished or r.is_retracted for r in reqs):
+            return 0
+        if p == 1:
+            cache.evict_to_free(k * bs)
+        cache.alloc_decode_steps([r.kv for r in reqs], k)
+        for r in reqs:
+            r.out_count += k
+        for _ in range(k):
+            self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.ratio_min)
+        if self.settings.overlap:
+            self.result_queue[0] = (DECODE, list(reqs), step + k - 1)
+        return k
+
     def get_next_batch_to_run(self) -> Batch | None:
         exclude = set()
         chunked = self.chunked_req
@@ -331,7 +362,8 @@ class SglangEngine:
         if self.settings.overlap and self.result_queue:
             # skip-finishing-decode: a request whose queued result ends it by length (§2.3)
             queued = set(self.result_queue[0][1])
-            finishing = [r for r in batch.reqs if r in queued and r.next_output_finishes_by_length()]
+            # next_output_finishes_by_length
+            finishing = [r for r in batch.reqs if r.out_count + 1 >= r.max_new and r in queued]
         batch.filter(finishing)
         if not batch.reqs:
             batch.batch_is_full = False
@@ -359,7 +391,7 @@ class SglangEngine:
     def check_decode_mem(self, reqs) -> bool:
         """Evict for the requests starting a new page; enough free slots now? (§5.1)"""
         p = self.settings.page_size
-        need = sum(1 for r in reqs if r.kv.committed % p == 0) * p
+        need = len(reqs) if p == 1 else sum(1 for r in reqs if r.kv.committed % p == 0) * p
         self.cache.evict_to_free(need)
         return self.cache.available_size >= need
 
@@ -419,9 +451,10 @@ class SglangEngine:
             elif overlap and (r.finished or r.is_retracted):
                 continue
             r.out_count += 1
-            if self.result.first_token_step[r.index] < 0:
+            if r.out_count == 1:
                 self.result.first_token_step[r.index] = step
-            r.update_finish_state()
+            if r.out_count >= r.max_new or (not r.ignore_eos and r.out_count == r.num_outputs):
+                r.finished = True                     # update_finish_state: length or stop token
             if r.finished:
                 self._release_row(r, checkpoint=True)
                 i = r.index

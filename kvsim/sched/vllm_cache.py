@@ -70,6 +70,11 @@ class VllmKVCache:
         """A sampled token joins the sequence; blocks it fills are hashed at once."""
         seq.append((token,))
 
+    @staticmethod
+    def append_many(seq: Sequence, tokens: np.ndarray) -> None:
+        """Several sampled tokens at once (the same hashes as one by one)."""
+        seq.append(tokens)
+
     def lookup(self, seq: Sequence) -> tuple[list, int]:
         """``get_computed_blocks``: cached full blocks, at most ``num_tokens - 1`` tokens."""
         return self.manager.get_computed_blocks(seq)
@@ -97,6 +102,21 @@ class VllmKVCache:
         return self.manager.allocate_slots(seq, num_new_tokens, num_new_computed, hits,
                                            full_sequence_must_fit=full_sequence_must_fit) is not None
 
+    def fits(self, seq: Sequence, num_new_tokens: int, num_hits: int, hits: list, full_sequence_must_fit: bool,
+             apply_watermark: bool) -> bool:
+        """Whether ``allocate`` would admit this waiting request now (a dry run: nothing changes)."""
+        manager = self.manager
+        seq.num_computed_tokens = 0
+        free = manager.pool.num_free_blocks - (self.watermark_blocks if apply_watermark else 0)
+        if full_sequence_must_fit and manager._num_blocks_to_allocate(
+                seq, min(seq.num_tokens, manager.max_model_len), hits) > free:
+            return False
+        need = min(num_hits + num_new_tokens, manager.max_model_len)
+        return manager._num_blocks_to_allocate(seq, need, hits) <= free
+
+    def num_cached_blocks(self, seq: Sequence) -> int:
+        return self.manager.num_cached_block.get(seq.request_id, 0)
+
     def _nothing_to_do(self, seq: Sequence, num_slots: int, hits, full_sequence_must_fit: bool) -> bool:
         """A running request whose blocks already hold the new tokens and fill no new block:
         ``allocate_slots`` would succeed without changing anything (most decode steps)."""
@@ -114,6 +134,35 @@ class VllmKVCache:
 
     def cache_blocks(self, seq: Sequence, num_tokens: int) -> None:
         self.manager.cache_blocks(seq, num_tokens)
+
+    @staticmethod
+    def block_openings(computed: int, k: int, block_size: int) -> int:
+        """New blocks a decoding request takes over ``k`` steps from ``computed`` tokens."""
+        first = (-computed) % block_size
+        return 0 if k <= first else 1 + (k - 1 - first) // block_size
+
+    def decode_steps(self, seqs: list[Sequence], computed: list[int], k: int, lag: int) -> None:
+        """``k`` decode steps of running requests at once, in vLLM's order of pool operations.
+
+        In step j, in running order, a request computing position ``c + j`` takes a new block
+        when ``c + j`` starts one, and caches the block that the tokens known by then fill
+        (``c + j + 1`` of them, synchronous; ``c + j``, async scheduling: ``lag`` = 1). The
+        tokens are appended already (hashes exist); the blocks must fit (the caller checks).
+        """
+        manager, pool, B = self.manager, self.manager.pool, self.block_size
+        events = []
+        for r, c in enumerate(computed):
+            for j in range((-c) % B, k, B):               # block openings
+                events.append((j, r))
+            for j in range((-(c + 1 - lag)) % B, k, B):   # blocks becoming full and known
+                events.append((j, r))
+        for j, r in sorted(set(events)):
+            seq, c = seqs[r], computed[r] + j
+            blocks = manager.req_to_blocks[seq.request_id]
+            if len(blocks) * B < c + 1:
+                blocks.extend(pool.get_new_blocks(1))
+            if manager.enable_caching:
+                manager.cache_blocks(seq, c + 1 - lag)
 
     def free(self, seq: Sequence) -> None:
         """Release every block of a finished or preempted request, last block first."""

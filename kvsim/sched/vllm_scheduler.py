@@ -370,6 +370,89 @@ class VllmEngine:
     def idle(self) -> None:
         """vLLM's busy loop just waits for input."""
 
+    def fast_forward(self, step: int, horizon: int) -> int:
+        """Run up to ``horizon`` steps that only decode at once; returns how many (0: none).
+
+        Steps in which every running request decodes one token, nobody can be admitted
+        (nobody waits, or the running or token limit is reached), nobody finishes and the
+        free blocks cover every new block are applied together, with the same pool
+        operations in the same order as step by step (§4.4).
+        """
+        s, sched = self.settings, self.scheduler
+        running = sched.running
+        if self.on_batch is not None or horizon < 2 or not running:
+            return 0
+        bs = len(running)
+        if bs > s.max_num_batched_tokens:
+            return 0
+        lag = int(s.async_scheduling)
+        if lag:
+            if len(self.queue) != 1:
+                return 0
+            plan = self.queue[0]
+            if len(plan.scheduled) != bs or any(
+                    r not in plan.decoding or r.num_output_placeholders != 1 or r.num_in_flight_tokens != 1
+                    or r.num_stale_output_tokens for r in running):
+                return 0
+        elif self.queue or any(r.is_prefill_chunk or r.num_in_flight_tokens or r.num_stale_output_tokens
+                               or r.num_computed_tokens != r.num_tokens - 1 for r in running):
+            return 0
+        computed = [r.num_computed_tokens for r in running]
+        k = min(horizon, min(r.max_tokens - r.num_output_tokens for r in running) - 3,
+                sched.max_model_len - max(computed) - 3)
+        cache = sched.cache
+        if sched.waiting and bs < s.max_num_seqs and bs < s.max_num_batched_tokens:
+            k = min(k, self._head_stays_blocked(computed, lag))
+        free = cache.num_free_blocks
+        while k >= 2 and sum(cache.block_openings(c, k, s.block_size) for c in computed) > free:
+            k -= 1
+        if k < 2:
+            return 0
+        for r, c in zip(running, computed):
+            # the tokens appended in these steps: positions c+1..c+k (sync), c..c+k-1 (async)
+            first = c + 1 - lag - r.num_prompt_tokens
+            cache.append_many(r.seq, r.outputs[first:first + k])
+            r.num_output_tokens += k
+        cache.decode_steps([r.seq for r in running], computed, k, lag)
+        for r, c in zip(running, computed):
+            r.num_computed_tokens = c + k
+        sched.finished_since_schedule = False
+        if lag:   # the last step's output is still in flight
+            self.queue[0] = StepPlan(step + k - 1, {r: 1 for r in running},
+                                     {r: int(r.outputs[r.num_computed_tokens - r.num_prompt_tokens]) for r in running},
+                                     set(running))
+        return k
+
+    def _head_stays_blocked(self, computed: list[int], lag: int) -> int:
+        """How many steps the waiting head surely keeps failing admission (0: it may not).
+
+        Its failed attempts change nothing. Free blocks only shrink while nobody finishes, and
+        its hits only shrink, unless a running request fills the very block its cached chain
+        needs next: the run stops before that (§4.4).
+        """
+        s, sched = self.settings, self.scheduler
+        head, cache, B = sched.waiting.peek(), sched.cache, s.block_size
+        if head.num_stale_output_tokens:
+            return 0
+        hits, num_hits = cache.lookup(head.seq)
+        budget = s.max_num_batched_tokens - len(sched.running)
+        n = head.num_tokens - num_hits
+        if 0 < s.long_prefill_token_threshold < n:
+            n = s.long_prefill_token_threshold
+        if s.enable_chunked_prefill or n <= budget:
+            if cache.fits(head.seq, min(n, budget), num_hits, hits, s.reserve_full_isl, True):
+                return 0
+        h = len(hits)
+        if h >= (head.num_tokens - 1) // B:
+            return 1 << 62                   # no further block could ever hit
+        k = 1 << 62
+        for r, c in zip(sched.running, computed):
+            hashes = r.seq.block_hashes
+            if cache.num_cached_blocks(r.seq) <= h and (h == 0 or (len(hashes) >= h and hashes[h - 1] ==
+                                                                  head.seq.block_hashes[h - 1])):
+                k = min(k, (h + 1) * B - (c + 1 - lag))   # stop before r caches block h
+        return k
+
     def schedule(self, step: int) -> StepPlan:
         plan = self.scheduler.schedule(step)
         if self.on_batch is not None and plan.scheduled:
