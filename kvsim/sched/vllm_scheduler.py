@@ -152,10 +152,6 @@ class StepPlan:
     sampled: dict
     decoding: set            # running requests past their prefill: one token each
 
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.scheduled.values())
-
 
 class VllmScheduler:
     """``Scheduler`` / ``AsyncScheduler`` over kvsim's APC model."""

@@ -73,7 +73,7 @@ def publish(job: dict) -> None:
 publish({"max_running_requests": 8})
 
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch  # noqa: E402
-from sglang.srt.managers.schedule_policy import PrefillAdder, SchedulePolicy  # noqa: E402
+from sglang.srt.managers.schedule_policy import SchedulePolicy  # noqa: E402
 from sglang.srt.managers.scheduler import Scheduler  # noqa: E402
 from sglang.srt.managers.scheduler_components.batch_result_processor import (  # noqa: E402
     SchedulerBatchResultProcessor,
