@@ -1,6 +1,6 @@
 """Differential tests: kvsim's SGLang scheduler model against the REAL SGLang 0.5.23 scheduler.
 
-25 seeded workloads x 300 requests arriving in bursts on a step clock, replayed through
+26 seeded workloads x 300 requests arriving in bursts on a step clock, replayed through
 SGLang's own ``Scheduler`` methods (``get_next_batch_to_run``, ``PrefillAdder``,
 ``SchedulePolicy``, ``ScheduleBatch``, the default ``UnifiedRadixCache`` with its Rust
 core, the real allocator and request pool, the batch-result processor) with a fake model
@@ -10,8 +10,8 @@ token, the finishing step, the retraction count and the rejection must be equal.
 The configurations cover every schedule policy (``lpm`` also above its 128-request
 fallback), the overlap scheduler on and off, page sizes 1 and 16, chunked prefill from
 64 tokens to off, ``max_running_requests`` 4-64, finishing by length and by a stop
-token, unknown replies (synthesized negative ids), and memory tight enough for NO_TOKEN
-stalls and decode retraction. The specs'
+token, unknown replies (synthesized negative ids), LoRA and cache-salt namespaces, and
+memory tight enough for NO_TOKEN stalls and decode retraction. The specs'
 scenarios 15-16 and the lpm-beats-fcfs workload run in the same subprocess.
 """
 from __future__ import annotations
@@ -72,6 +72,7 @@ CONFIGS = [
     (19, dict(output_len=(5, 80)), True, 2, dict(BASE, page_size=16, schedule_policy="random", overlap=True,
                                                  random_seed=11)),
     (20, dict(p_synth=0.5), False, 2, dict(BASE, schedule_policy="lpm", overlap=True)),
+    (21, dict(p_namespace=0.6, p_session=0.6), False, 2, dict(BASE, schedule_policy="lpm", overlap=True)),
 ]
 RETRACTING = [k for k, c in enumerate(CONFIGS) if c[1] is RETRACT_MIX]
 
@@ -94,7 +95,8 @@ def runs(tmp_path_factory):
         if stop:
             w = with_stop_token(w)
         s = _settings(w, stop, factor, settings)
-        path = sched_client.write_workload(tmp / f"w{k}.npz", w.prompts, w.outputs, w.arrival, w.priority)
+        path = sched_client.write_workload(tmp / f"w{k}.npz", w.prompts, w.outputs, w.arrival, w.priority,
+                                           loras=w.loras, salts=w.salts)
         jobs.append(sglang_job(path, s))
         out.append((w, s))
     # the spec's scenarios 15-16 and the lpm-vs-fcfs workload run in the same subprocess
@@ -120,7 +122,7 @@ def _ids(c) -> str:
 def test_steps_match_sglang(runs, k):
     """Per request: cached tokens, first-token step, finish step, retractions, rejection equal SGLang's."""
     w, settings, real = runs[0][k]
-    ours = replay_sglang_steps(w.prompts, w.outputs, w.arrival, settings)
+    ours = replay_sglang_steps(w.prompts, w.outputs, w.arrival, settings, w.loras, w.salts)
     np.testing.assert_array_equal(ours.rejected, real["rejected"])
     np.testing.assert_array_equal(ours.cached_tokens, real["cached"])
     np.testing.assert_array_equal(ours.first_token_step, real["first_token_step"])

@@ -1,6 +1,6 @@
 """Differential tests: kvsim's vLLM scheduler model against the REAL vLLM 0.33.0 scheduler.
 
-26 seeded workloads x 300 requests arriving in bursts on a step clock (shared system
+27 seeded workloads x 300 requests arriving in bursts on a step clock (shared system
 prompts, multi-turn sessions, repeats), replayed through vLLM's real ``Scheduler`` /
 ``AsyncScheduler`` and ``KVCacheManager`` with a fake model runner
 (``tests/oracle/vllm_sched_driver.py``, one subprocess for all of them) and through
@@ -9,8 +9,8 @@ token, the finishing step, the preemption count and the rejection must be equal.
 The configurations cover block sizes 8-32, memory from "the largest request fits
 alone" upwards (preemption), token budgets 48-4096, ``max_num_seqs`` 2-256, the
 long-prefill threshold, FCFS and priority, the watermark, the full-sequence gate off,
-chunked prefill off, prefix caching off, unknown replies (synthesized ids), and async
-scheduling on and off. The specs' scenarios X1-X6 run in
+chunked prefill off, prefix caching off, unknown replies (synthesized ids), LoRA and
+cache-salt namespaces, and async scheduling on and off. The specs' scenarios X1-X6 run in
 the same subprocess and must give the spec's numbers.
 """
 from __future__ import annotations
@@ -78,6 +78,8 @@ CONFIGS = [
     (22, {}, 16, 1.0, dict(max_num_batched_tokens=256, max_num_seqs=16, enable_prefix_caching=False,
                            async_scheduling=True)),
     (23, dict(p_synth=0.5), 16, 1.0, dict(max_num_batched_tokens=256, max_num_seqs=16, async_scheduling=True)),
+    (24, dict(p_namespace=0.6, p_session=0.6), 16, 1.5, dict(max_num_batched_tokens=256, max_num_seqs=16,
+                                                              async_scheduling=True)),
 ]
 TIGHT = [k for k, c in enumerate(CONFIGS) if c[3] <= 1.0]
 
@@ -97,7 +99,8 @@ def runs(tmp_path_factory):
     for k, (seed, knobs, B, factor, settings) in enumerate(CONFIGS):
         w = random_workload(seed, SchedMix(n=N, **knobs))
         s = _settings(w, B, factor, settings)
-        path = sched_client.write_workload(tmp / f"w{k}.npz", w.prompts, w.outputs, w.arrival, w.priority)
+        path = sched_client.write_workload(tmp / f"w{k}.npz", w.prompts, w.outputs, w.arrival, w.priority,
+                                           loras=w.loras, salts=w.salts)
         jobs.append(vllm_job(path, s))
         out.append((w, s))
     # the spec's scenarios run in the same subprocess
@@ -122,7 +125,7 @@ def _ids(c) -> str:
 def test_steps_match_vllm(runs, k):
     """Per request: cached tokens, first-token step, finish step, preemptions, rejection equal vLLM's."""
     w, settings, real = runs[0][k]
-    ours = replay_vllm_steps(w.prompts, w.outputs, w.arrival, settings, w.priority)
+    ours = replay_vllm_steps(w.prompts, w.outputs, w.arrival, settings, w.priority, w.loras, w.salts)
     np.testing.assert_array_equal(ours.rejected, real["rejected"])
     np.testing.assert_array_equal(ours.cached_tokens, real["cached"])
     np.testing.assert_array_equal(ours.first_token_step, real["first_token_step"])

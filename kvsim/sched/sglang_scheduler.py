@@ -129,8 +129,9 @@ class Batch:
 class SglangEngine:
     """The scheduler process: queues, batches, the tree cache and the fake model."""
 
-    def __init__(self, settings: SglangSchedSettings, prompts, outputs) -> None:
+    def __init__(self, settings: SglangSchedSettings, prompts, outputs, loras=None, salts=None) -> None:
         s = self.settings = settings
+        self.loras, self.salts = loras, salts       # namespaces: LoRA adapter name, cache_salt
         self.prompts, self.outputs = prompts, outputs
         self.cache = SglangKVCache(s.capacity, s.page_size, s.eviction_policy)
         # without prefix caching SGLang turns lpm and dfs-weight into fcfs
@@ -172,7 +173,9 @@ class SglangEngine:
         if L == 0 or L + min(max_new, CLIP_MAX_NEW_TOKENS) + p >= s.capacity:
             self.result.rejected[index] = True
             return
-        kv = self.cache.new_state(prompt, outputs, max_new, namespace(None, None))
+        ns = namespace(None if self.loras is None else self.loras[index],
+                       None if self.salts is None else self.salts[index])
+        kv = self.cache.new_state(prompt, outputs, max_new, ns)
         self.waiting.append(SglangRequest(index, kv, max_new, s.finish == "length"))
 
     def allocatable(self, running_bs: int, held_rows: int = 0) -> int:
@@ -467,8 +470,9 @@ class SglangEngine:
                 self.cache.checkpoint(r.kv, r.kv.extend_end)   # the prompt enters the tree (§6.2)
 
 
-def replay_sglang_steps(prompts, outputs, arrival_steps, settings: SglangSchedSettings) -> StepResult:
+def replay_sglang_steps(prompts, outputs, arrival_steps, settings: SglangSchedSettings,
+                        loras=None, salts=None) -> StepResult:
     """Replay requests on the step clock through the SGLang scheduler model."""
-    engine = SglangEngine(settings, prompts, outputs)
+    engine = SglangEngine(settings, prompts, outputs, loras, salts)
     engine.result.steps = run_steps(engine, arrival_steps)
     return engine.result

@@ -22,12 +22,12 @@ from kvsim.sched.vllm_scheduler import VllmEngine, VllmSchedSettings
 PERCENTILES = (50, 90, 99)
 
 
-def make_engine(settings, prompts, outputs, priorities=None):
-    """The engine model for ``settings`` (vLLM's or SGLang's)."""
+def make_engine(settings, prompts, outputs, priorities=None, loras=None, salts=None):
+    """The engine model for ``settings`` (vLLM's or SGLang's); ``loras`` / ``salts`` are namespaces."""
     if isinstance(settings, VllmSchedSettings):
-        return VllmEngine(settings, prompts, outputs, priorities)
+        return VllmEngine(settings, prompts, outputs, priorities, loras, salts)
     if isinstance(settings, SglangSchedSettings):
-        return SglangEngine(settings, prompts, outputs)
+        return SglangEngine(settings, prompts, outputs, loras, salts)
     raise TypeError(f"not scheduler settings: {settings!r}")
 
 
@@ -36,9 +36,10 @@ def without_prefix_caching(settings):
     return dataclasses.replace(settings, enable_prefix_caching=False)
 
 
-def replay_steps(settings, prompts, outputs, releases: Releases, priorities=None) -> StepResult:
+def replay_steps(settings, prompts, outputs, releases: Releases, priorities=None, loras=None,
+                 salts=None) -> StepResult:
     """Step-clock replay (``--replay steps``); releases are step numbers."""
-    engine = make_engine(settings, prompts, outputs, priorities)
+    engine = make_engine(settings, prompts, outputs, priorities, loras, salts)
     engine.result.steps, _ = run(engine, releases)
     return engine.result
 
@@ -74,9 +75,10 @@ class TimedResult:
         return out
 
 
-def replay_timed(settings, prompts, outputs, releases: Releases, cost, priorities=None) -> TimedResult:
+def replay_timed(settings, prompts, outputs, releases: Releases, cost, priorities=None, loras=None,
+                 salts=None) -> TimedResult:
     """Timed replay (``--replay timed``); releases are seconds (already divided by ``--speedup``)."""
-    engine = make_engine(settings, prompts, outputs, priorities)
+    engine = make_engine(settings, prompts, outputs, priorities, loras, salts)
     nsteps, line = run(engine, releases, cost)
     result = engine.result
     result.steps = nsteps
@@ -95,8 +97,9 @@ def _timed(result: StepResult, line: Timeline) -> TimedResult:
                        int(result.output_tokens.sum()))
 
 
-def compare_prefix_caching(settings, prompts, outputs, releases: Releases, cost,
-                           priorities=None) -> tuple[TimedResult, TimedResult]:
+def compare_prefix_caching(settings, prompts, outputs, releases: Releases, cost, priorities=None,
+                           loras=None, salts=None) -> tuple[TimedResult, TimedResult]:
     """The same load with and without prefix caching: the saving is their difference."""
-    return (replay_timed(settings, prompts, outputs, releases, cost, priorities),
-            replay_timed(without_prefix_caching(settings), prompts, outputs, releases, cost, priorities))
+    return (replay_timed(settings, prompts, outputs, releases, cost, priorities, loras, salts),
+            replay_timed(without_prefix_caching(settings), prompts, outputs, releases, cost, priorities, loras,
+                         salts))

@@ -50,6 +50,8 @@ def concurrent_view(trace: Trace, options: SimOptions, policy: str, cost=None,
     out, off = output_token_arrays(trace)
     prompts = [trace.prompt(i) for i in range(len(trace))]
     outputs = [out[off[i]:off[i + 1]] for i in range(len(trace))]
+    names = {"loras": [trace.name_of("lora", int(c)) for c in trace.lora],
+             "salts": [trace.name_of("cache_salt", int(c)) for c in trace.cache_salt]}
     lengths = trace.prompt_lengths
     sequential = get_replayer(policy)(trace, options)
     seq_rate = hit_rate(sequential.cached_tokens, lengths, ~sequential.rejected)
@@ -59,13 +61,13 @@ def concurrent_view(trace: Trace, options: SimOptions, policy: str, cost=None,
 
     def run(s):
         if cost is not None:
-            return replay_timed(s, prompts, outputs, Releases.logged(trace.arrival / speedup), cost)
+            return replay_timed(s, prompts, outputs, Releases.logged(trace.arrival / speedup), cost, **names)
         return replay_steps(s, prompts, outputs, Releases.logged(Releases.steps_from_seconds(
-            trace.arrival / speedup, step_seconds)))
+            trace.arrival / speedup, step_seconds)), **names)
 
     if cost is not None:
         cached, uncached = compare_prefix_caching(settings, prompts, outputs,
-                                                  Releases.logged(trace.arrival / speedup), cost)
+                                                  Releases.logged(trace.arrival / speedup), cost, **names)
         steps = cached.steps
         served = ~steps.rejected
         view.ttft_cached, view.ttft_uncached = cached.ttft[served], uncached.ttft[served]

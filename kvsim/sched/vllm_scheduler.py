@@ -337,8 +337,10 @@ class VllmEngine:
     the batch queue holds two steps (§4.2).
     """
 
-    def __init__(self, settings: VllmSchedSettings, prompts, outputs, priorities=None) -> None:
+    def __init__(self, settings: VllmSchedSettings, prompts, outputs, priorities=None, loras=None,
+                 salts=None) -> None:
         self.settings = settings
+        self.loras, self.salts = loras, salts       # namespaces: LoRA adapter name, cache_salt
         self.scheduler = VllmScheduler(settings)
         self.prompts, self.outputs = prompts, outputs
         self.priorities = priorities
@@ -355,8 +357,9 @@ class VllmEngine:
         if not self.fits_ever(index):
             self.result.rejected[index] = True
             return
-        seq = self.scheduler.cache.new_sequence(str(index), self.prompts[index],
-                                                max_outputs=len(self.outputs[index]))
+        seq = self.scheduler.cache.new_sequence(
+            str(index), self.prompts[index], None if self.loras is None else self.loras[index],
+            None if self.salts is None else self.salts[index], max_outputs=len(self.outputs[index]))
         priority = 0 if self.priorities is None else int(self.priorities[index])
         self.scheduler.add_request(VllmRequest(index, seq, np.asarray(self.outputs[index]), priority))
 
@@ -480,8 +483,8 @@ class VllmEngine:
 
 
 def replay_vllm_steps(prompts, outputs, arrival_steps, settings: VllmSchedSettings,
-                      priorities=None) -> StepResult:
+                      priorities=None, loras=None, salts=None) -> StepResult:
     """Replay requests on the step clock through the vLLM scheduler model."""
-    engine = VllmEngine(settings, prompts, outputs, priorities)
+    engine = VllmEngine(settings, prompts, outputs, priorities, loras, salts)
     engine.result.steps = run_steps(engine, arrival_steps)
     return engine.result

@@ -34,9 +34,14 @@ def oracle_python(engine: str) -> tuple[Path | None, str]:
 
 
 def write_workload(path: Path | str, prompts: list, outputs: list, arrival, priority=None,
-                   max_new_tokens=None) -> Path:
-    """Requests as both drivers read them; ``outputs[i]`` is what request i generates."""
+                   max_new_tokens=None, loras=None, salts=None) -> Path:
+    """Requests as both drivers read them; ``outputs[i]`` is what request i generates.
+
+    ``loras`` / ``salts``: per request an adapter name / cache salt, or None.
+    """
     n = len(prompts)
+    names = sorted({x for x in (loras or []) + (salts or []) if x is not None})
+    code = {name: k for k, name in enumerate(names)}
     po = np.zeros(n + 1, np.int64)
     po[1:] = np.cumsum([len(p) for p in prompts])
     oo = np.zeros(n + 1, np.int64)
@@ -46,7 +51,10 @@ def write_workload(path: Path | str, prompts: list, outputs: list, arrival, prio
              arrival=np.asarray(arrival, np.int64),
              priority=np.zeros(n, np.int64) if priority is None else np.asarray(priority, np.int64),
              max_new_tokens=(np.asarray([len(o) for o in outputs], np.int64) if max_new_tokens is None
-                             else np.asarray(max_new_tokens, np.int64)))
+                             else np.asarray(max_new_tokens, np.int64)),
+             lora=np.array([code.get(x, -1) for x in (loras or [None] * n)], np.int64),
+             salt=np.array([code.get(x, -1) for x in (salts or [None] * n)], np.int64),
+             names=np.array(json.dumps(names)))
     return Path(path)
 
 

@@ -28,6 +28,7 @@ class SchedMix:
     gap: float = 3.0                       # mean steps between bursts
     priorities: int = 1                    # distinct priority values (vLLM priority policy)
     p_synth: float = 0.0                   # reply unknown: distinct negative ids, as kvsim synthesizes
+    p_namespace: float = 0.0               # a new conversation gets a LoRA adapter and/or a cache salt
 
 
 @dataclass
@@ -36,6 +37,8 @@ class SchedWorkload:
     outputs: list[np.ndarray] = field(default_factory=list)
     arrival: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     priority: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    loras: list = field(default_factory=list)
+    salts: list = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -53,6 +56,7 @@ def random_workload(seed: int, mix: SchedMix | None = None) -> SchedWorkload:
     tokens = lambda k: rng.integers(0, m.vocab, k).astype(np.int64)  # noqa: E731
     systems = [tokens(int(rng.integers(*m.system_len))) for _ in range(m.system_prompts)]
     sessions: list[np.ndarray] = []
+    session_ns: list[tuple] = []
     synth = 0
     w = SchedWorkload()
     for _ in range(m.n):
@@ -60,16 +64,23 @@ def random_workload(seed: int, mix: SchedMix | None = None) -> SchedWorkload:
         if r < m.p_session and sessions:
             k = int(rng.integers(len(sessions)))
             prompt = np.concatenate([sessions[k], tokens(int(rng.integers(*m.user_len)))])
+            ns = session_ns[k]
         elif r < m.p_session + m.p_repeat and w.prompts:
-            prompt = w.prompts[int(rng.integers(len(w.prompts)))].copy()
-            k = None
+            j = int(rng.integers(len(w.prompts)))
+            prompt, ns, k = w.prompts[j].copy(), (w.loras[j], w.salts[j]), None
         else:
             prompt = np.concatenate([systems[int(rng.integers(len(systems)))],
                                      tokens(int(rng.integers(*m.user_len)))])
+            ns = (None, None)
+            if m.p_namespace and rng.random() < m.p_namespace:
+                ns = (f"adapter-{rng.integers(2)}" if rng.random() < 0.5 else None,
+                      f"tenant-{rng.integers(2)}" if rng.random() < 0.5 else None)
             k = len(sessions)
             sessions.append(prompt)
+            session_ns.append(ns)
             if len(sessions) > 10:
                 sessions.pop(0)
+                session_ns.pop(0)
                 k -= 1
         out = tokens(int(rng.integers(*m.output_len)))
         if k is not None:
@@ -79,6 +90,8 @@ def random_workload(seed: int, mix: SchedMix | None = None) -> SchedWorkload:
             synth += len(out)
         w.prompts.append(prompt)
         w.outputs.append(out)
+        w.loras.append(ns[0])
+        w.salts.append(ns[1])
     arrival, step = [], 0
     while len(arrival) < m.n:
         arrival.extend([step] * int(rng.integers(m.burst[0], m.burst[1] + 1)))
@@ -94,4 +107,4 @@ STOP_TOKEN = 1_000_003   # the drivers' stop token id (finish "stop")
 def with_stop_token(w: SchedWorkload) -> SchedWorkload:
     """Each reply ends with the stop token (SGLang finish "stop": no ignore_eos)."""
     outputs = [np.concatenate([o[:-1], [STOP_TOKEN]]).astype(np.int64) for o in w.outputs]
-    return SchedWorkload(w.prompts, outputs, w.arrival, w.priority)
+    return SchedWorkload(w.prompts, outputs, w.arrival, w.priority, w.loras, w.salts)

@@ -199,7 +199,14 @@ class Workload:
         self.prompt_tok, self.prompt_off = z["prompt_tok"], z["prompt_off"]
         self.out_tok, self.out_off = z["out_tok"], z["out_off"]
         self.arrival = z["arrival"]
+        self.lora, self.salt = z["lora"], z["salt"]
+        self.names = json.loads(str(z["names"]))
         self.n = len(self.prompt_off) - 1
+
+    def namespace(self, i: int) -> dict:
+        """The request's LoRA id and cache salt: both key its tree namespace."""
+        return {"lora_id": self.names[int(self.lora[i])] if self.lora[i] >= 0 else None,
+                "cache_salt": self.names[int(self.salt[i])] if self.salt[i] >= 0 else None}
 
     def prompt(self, i: int) -> list[int]:
         return self.prompt_tok[self.prompt_off[i]:self.prompt_off[i + 1]].tolist()
@@ -240,7 +247,8 @@ class Replay:
         else:            # ends by length: ignore_eos, max_tokens = the logged output length
             sampling = SamplingParams(temperature=0, max_new_tokens=len(out), ignore_eos=True)
         sampling.normalize(None)
-        req = Req(rid=str(i), origin_input_text="", origin_input_ids=array("q", prompt), sampling_params=sampling)
+        req = Req(rid=str(i), origin_input_text="", origin_input_ids=array("q", prompt), sampling_params=sampling,
+                  **self.work.namespace(i))
         s.init_req_max_new_tokens(req)
         max_new = req.sampling_params.max_new_tokens
         p = s.page_size

@@ -40,6 +40,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
@@ -97,7 +98,19 @@ class Workload:
         self.prompt_tok, self.prompt_off = z["prompt_tok"], z["prompt_off"]
         self.out_tok, self.out_off = z["out_tok"], z["out_off"]
         self.arrival, self.priority = z["arrival"], z["priority"]
+        self.lora, self.salt = z["lora"], z["salt"]
+        self.names = json.loads(str(z["names"]))
         self.n = len(self.prompt_off) - 1
+
+    def namespace(self, i: int) -> dict:
+        """The request's LoRA adapter (name = path, as kvsim hashes it) and cache salt."""
+        out = {}
+        if self.lora[i] >= 0:
+            name = self.names[int(self.lora[i])]
+            out["lora_request"] = LoRARequest(lora_name=name, lora_int_id=int(self.lora[i]) + 1, lora_path=name)
+        if self.salt[i] >= 0:
+            out["cache_salt"] = self.names[int(self.salt[i])]
+        return out
 
     def prompt(self, i: int) -> list[int]:
         return self.prompt_tok[self.prompt_off[i]:self.prompt_off[i + 1]].tolist()
@@ -177,7 +190,8 @@ def run_job(job: dict) -> None:
                 rejected[i] = True
                 continue
             req = Request(str(i), prompt, SamplingParams(max_tokens=len(out)), None,
-                          arrival_time=float(i), priority=int(work.priority[i]), block_hasher=hasher)
+                          arrival_time=float(i), priority=int(work.priority[i]), block_hasher=hasher,
+                          **work.namespace(i))
             outputs[str(i)] = out
             live[str(i)] = req
             sched.add_request(req)
