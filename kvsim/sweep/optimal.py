@@ -129,6 +129,9 @@ class OptimalModel:
                                    self.trie.num_nodes, rules.admitted, rules.chain, rules.read_units,
                                    rules.demand, np.where(rules.admitted, self.partial_at, -1), self.partial_w,
                                    measured, self.unit_tokens, K, self.resident, out)
+        if upper > hits and K < _UNLIMITED:
+            # the unlimited cache keeps every interval, so its packing is exact: a bound too
+            upper = min(upper, self.at(None).hit_tokens)
         return OptimalPoint(capacity_tokens, K, int(hits), int(upper), int(self.prompt_tokens[measured].sum()),
                             int(rules.admitted.sum()), time.perf_counter() - t0)
 
