@@ -85,3 +85,22 @@ def measured_mask(n: int, warmup: "str | float | int | Warmup | None" = None) ->
     mask = np.ones(n, bool)
     mask[: parse_warmup(warmup).requests(n)] = False
     return mask
+
+
+def apply_warmup(runs: dict, n: int, warmup: "str | float | int | Warmup | None") -> Warmup:
+    """Mark each ReplayResult in ``runs`` so its figures leave the warm-up window out."""
+    w = parse_warmup(warmup)
+    if w.active:
+        mask = measured_mask(n, w)
+        for result in runs.values():
+            result.measured = mask
+    return w
+
+
+def as_fraction(n: int, warmup: "str | float | int | Warmup | None") -> float:
+    """The warm-up as the fraction the one-pass curves take: ``floor(n * f)`` = the same count."""
+    w = parse_warmup(warmup)
+    if w.count is None:
+        return w.fraction
+    k = w.requests(n)
+    return (k + 0.5) / n if k else 0.0
