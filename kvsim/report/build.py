@@ -27,7 +27,10 @@ from kvsim.report.document import Chart, KeyNumber, ReportData, Section, Table
 Say = Callable[[str], None]
 POLICIES = ("apc", "radix")
 CAPACITY_POINTS = 7          # exact APC replays along the capacity axis
-RADIX_POINTS = 16            # exact radix replays along the capacity axis (drawn as its curve)
+RADIX_POINTS = 16            # exact radix replays along the capacity axis to start with (drawn as its curve),
+RADIX_STEP = 0.01            # then more wherever neighbours differ by more than this,
+RADIX_MAX_POINTS = 96        # up to this many (twice RADIX_POINTS for logs of RADIX_BIG_TOKENS and more)
+RADIX_BIG_TOKENS = 20_000_000
 OPTIMAL_POINTS = 48          # capacities of each optimal curve
 NEAR_OPTIMAL = 0.9           # "reaches 90% of the optimum"
 MAX_GROUPS = 12              # bars per grouping panel
@@ -235,18 +238,27 @@ class _Builder:
         series.append({"policy": "apc", "label": f"{T.policy_label('apc', sim)}: one-pass curve (exact)",
                        "setting": "apc", "kind": "curve", "capacity_tokens": xs, "hit_rate": ys})
         chosen = {c for c in self.caps.values() if math.isfinite(c)}
-        grid = {"apc": (CAPACITY_POINTS, {"block_sizes": [sim.block_size]}),
-                "radix": (RADIX_POINTS, {"page_sizes": [sim.page_size], "eviction_policies": [sim.eviction_policy]})}
-        exact: dict[str, Any] = {}
-        for p, (points, settings) in grid.items():
-            caps = sorted({float(round(c / 16) * 16) for c in np.geomspace(lo, hi / 1.5, points)} | chosen)
-            frame = self._sweep(p, caps, **settings)
-            exact[p] = (frame["capacity_tokens"].to_numpy(np.float64), frame["token_hit_rate"].to_numpy(np.float64))
+        caps = sorted({float(round(c / 16) * 16) for c in np.geomspace(lo, hi / 1.5, CAPACITY_POINTS)} | chosen)
+        frame = self._sweep("apc", caps, block_sizes=[sim.block_size])
+        exact: dict[str, Any] = {
+            "apc": (frame["capacity_tokens"].to_numpy(np.float64), frame["token_hit_rate"].to_numpy(np.float64))}
+        # no one-pass model tracks the radix tree within a point: draw its exact replays, dense
+        # enough that neighbours differ by at most RADIX_STEP (kvsim.sweep.dense)
+        from kvsim.sweep.dense import dense_capacities, largest_step
+
+        def radix_rates(batch: list[float]) -> list[float]:
+            return self._sweep("radix", batch, page_sizes=[sim.page_size],
+                               eviction_policies=[sim.eviction_policy])["token_hit_rate"].tolist()
+
+        big = self.trace.num_prompt_tokens >= RADIX_BIG_TOKENS   # replays take seconds each: fewer
+        exact["radix"] = dense_capacities(radix_rates, lo, hi / 1.5, start=RADIX_POINTS, step=RADIX_STEP,
+                                          max_points=RADIX_POINTS * 2 if big else RADIX_MAX_POINTS,
+                                          extra=sorted(chosen))
+        self.radix_step = largest_step(exact["radix"][1])
         x, y = exact["apc"]
         series.append({"policy": "apc", "label": f"{T.policy_label('apc', sim)}: exact replays", "setting": "apc",
                        "kind": "exact", "capacity_tokens": x, "hit_rate": y})
         x, y = exact["radix"]
-        # no one-pass model tracks the radix tree within a point: draw its exact replays, densely
         series.append({"policy": "radix", "label": f"{T.policy_label('radix', sim)}: exact replays at {len(x)} "
                        "capacities, joined", "setting": "radix", "kind": "joined", "capacity_tokens": x,
                        "hit_rate": y})
@@ -411,7 +423,8 @@ class _Builder:
         fig = F.capacity_chart(series, bounds, chosen=chosen, kv_bytes_per_token=self.kv_bytes, marks=marks)
         from_sweep = getattr(self, "sweep_table", False)
         caption = T.capacity_caption(self.target_caps, self.opts.target_share, self.curve_error,
-                                     from_sweep=from_sweep, near=near, near_share=NEAR_OPTIMAL)
+                                     from_sweep=from_sweep, near=near, near_share=NEAR_OPTIMAL,
+                                     radix_step=getattr(self, "radix_step", None))
         chart = self._chart("capacity", fig, caption, "Line chart of token hit rate against KV cache capacity "
                             "for vLLM APC and SGLang radix, with the optimum of each")
         if self.kv_bytes is None:  # no model: the memory column would be empty

@@ -106,7 +106,7 @@ def trace_line(shape: dict[str, Any]) -> str:
 
 def capacity_caption(target_caps: dict[str, float | None], share: float, errors: dict[str, float],
                      from_sweep: bool = False, near: dict[str, float | None] | None = None,
-                     near_share: float = 0.9) -> str:
+                     near_share: float = 0.9, radix_step: float | None = None) -> str:
     reach = [f"{POLICY_SHORT[p]} at {human(c)} tokens" for p, c in target_caps.items() if c is not None]
     head = (f"Read off the capacity a hit rate needs: {share:.0%} of the unlimited-cache rate takes "
             + " and ".join(reach) if reach else "Nothing is reused, so no capacity helps")
@@ -118,8 +118,9 @@ def capacity_caption(target_caps: dict[str, float | None], share: float, errors:
     if from_sweep:
         return head + close + "; lines are one-pass curves (radix: an estimate), markers the sweep's exact replays."
     err = "; ".join(f"{POLICY_SHORT[p]} within {100 * e:.1f} points" for p, e in errors.items())
+    step = "" if radix_step is None else f", neighbours at most {100 * radix_step:.1f} points apart"
     return (head + close + "; APC: its one-pass curve (exact) and exact replays (circles"
-            + (f", curve vs replay {err}" if err else "") + "); radix: exact replays joined by a line (no "
+            + (f", curve vs replay {err}" if err else "") + f"); radix: exact replays joined by a line{step} (no "
             "one-pass model tracks its tree within a point); dotted: the optimum.")
 
 

@@ -27,8 +27,9 @@ def _pack(t, d, size, h, s, e, resident, count):
         return count            # nothing lies in between: free
     room = seg_min(t, d, size, h, lo, hi)
     x = count if count < room else room
-    if x > 0:
-        seg_add(t, d, size, h, lo, hi, -x)
+    if x <= 0:
+        return 0
+    seg_add(t, d, size, h, lo, hi, -x)
     return x
 
 
