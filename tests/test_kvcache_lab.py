@@ -165,3 +165,12 @@ def test_drop_tail_blocks_and_first_appearance_numbering():
     assert ev.parent.tolist() == [0, 0, 1, 2]
     ev = block_events(tr, 2, "weighted")
     assert ev.tokens.tolist() == [2, 2, 1, 2, 2, 2, 1]    # partial blocks weigh their length
+
+
+def test_lab_hit_rates_is_simulate_at_each_capacity():
+    from kvsim.sweep.kvcache_lab import lab_hit_rates
+
+    tr = workload(4, n=60)
+    ev = block_events(tr, 4)
+    got = lab_hit_rates(tr, "fifo", [3, 30, 300], 4, warmup=0.5)
+    assert got.tolist() == [simulate(ev, "fifo", c, 30).hit_rate for c in (3, 30, 300)]

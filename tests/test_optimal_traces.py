@@ -62,4 +62,4 @@ def test_optimum_bounds_the_engines_on_bundled_traces(name):
 @pytest.mark.parametrize("name", PUBLIC)
 def test_optimum_bounds_the_engines_on_public_traces(name):
     trace = _load(name)
-    _check(trace, _capacities(trace, 3)[1:], 0.5)
+    _check(trace, _capacities(trace, 3)[1:2], 0.5)     # one capacity in the middle: these replays take seconds

@@ -447,7 +447,7 @@ class _Builder:
     def _block_policies_chart(self) -> Chart | None:
         """kvcache-lab's view: block FIFO, block LRU and the optimum of a block store."""
         from kvsim.sweep.curves import block_lru_curve
-        from kvsim.sweep.kvcache_lab import block_events, simulate
+        from kvsim.sweep.kvcache_lab import block_events, lab_hit_rates
         from kvsim.sweep.optimal import block_optimal
         from kvsim.warmup import as_fraction, parse_warmup
 
@@ -460,9 +460,7 @@ class _Builder:
             return None
         units = np.unique(np.geomspace(1, distinct * 1.2, 40).round().astype(np.int64))
         window = parse_warmup(self.opts.warmup)
-        warm = window.requests(len(tr))
-        nxt = events.next_use()
-        fifo = np.array([simulate(events, "fifo", int(u), warm, nxt).hit_rate for u in units])
+        fifo = lab_hit_rates(tr, "fifo", units, B, window, tail)
         lru_model = block_lru_curve(tr, B, warmup=as_fraction(len(tr), window))
         opt = block_optimal(tr, B, warmup=window, tail=tail)
         xs = units * B

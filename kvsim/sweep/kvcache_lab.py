@@ -339,3 +339,18 @@ def simulate(events: BlockEvents, policy: str, capacity_blocks: int, warmup_requ
         h, t, f = _trie(events.node, events.tokens, events.request_end, events.parent, nxt, cap, warmup_requests,
                         policy == "belady")
     return LabResult(policy, cap, int(h), int(t), bool(f))
+
+
+def lab_hit_rates(trace: Trace, policy: str, capacity_blocks, block_size: int | None = None,
+                  warmup=None, tail: str = "weighted") -> np.ndarray:
+    """One kvcache-lab policy's token hit rate at each capacity (in blocks) of ``trace``.
+
+    ``warmup`` as :mod:`kvsim.warmup` takes it. Every capacity is reported, whether or not
+    the cache filled during the warm-up (kvcache-lab leaves those out; see :func:`simulate`).
+    """
+    from kvsim.warmup import parse_warmup
+
+    events = block_events(trace, block_size, tail)
+    warm = parse_warmup(warmup).requests(len(trace))
+    nxt = events.next_use() if policy != "fifo" else None
+    return np.array([simulate(events, policy, int(c), warm, nxt).hit_rate for c in np.atleast_1d(capacity_blocks)])
