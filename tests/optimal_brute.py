@@ -68,8 +68,10 @@ def apc_requests(trace: Trace, B: int, K: int, measured: np.ndarray) -> list[Req
 
 
 def radix_requests(trace: Trace, p: int, K: int, measured: np.ndarray) -> list[Req]:
-    """SGLang's rules (sequential, finish by length, overlap on): pages, cap floor_p(L-1),
-    floor_p(L+k-1) written, one spare page at prefill, generation clipped to the pool."""
+    """SGLang's rules (sequential, finish by length, overlap on): pages, cap floor_p(L-1) (a
+    logprob request at most its start), floor_p(L+k-1) written, one spare page at prefill,
+    generation clipped to the pool; a logprob start past the prompt runs the prompt [0] with
+    one sampled token and is counted nowhere."""
     serial = [0]
     T = K * p
     out = []
@@ -77,15 +79,23 @@ def radix_requests(trace: Trace, p: int, K: int, measured: np.ndarray) -> list[R
         pr = [int(x) for x in trace.prompt(i)]
         seq = pr + _output(trace, i, serial)
         L, wanted = len(pr), len(seq) - len(pr)
+        start = int(trace.logprob_start_len[i])
         ceil_l = -(-L // p) * p
         max_new = max(0, min(wanted, T - ceil_l - p - 1))
+        aborted = start > L
+        if aborted:
+            seq, L, k = [0, seq[L]], 1, 1
+            extra = int(k < max_new)
+        else:
+            k = min(wanted, max(max_new, 1))
+            extra = 0
         admitted = L + min(max_new, 4096) + p < T
-        k = min(wanted, max(max_new, 1))
-        committed = L + k - 1
+        committed = L + k - 1 + extra
         keys = [(_ns(trace, i), tuple(seq[: (j + 1) * p])) for j in range(committed // p)]
-        cap = max(L - 1, 0) // p
+        cap = 0 if aborted else max(min(L - 1, start) if start >= 0 else L - 1, 0) // p
         demand = max(-(-L // p) + (1 if p > 1 else 0), -(-committed // p))
-        out.append(Req(admitted, frozenset(keys), tuple((key, p) for key in keys[:cap]), demand, bool(measured[i])))
+        out.append(Req(admitted, frozenset(keys), tuple((key, p) for key in keys[:cap]), demand,
+                       bool(measured[i]) and not aborted))
     return out
 
 

@@ -105,7 +105,10 @@ def small_logs(draw, max_requests: int = 5, max_len: int = 4):
         outputs.append(draw(st.one_of(st.none(), st.lists(st.integers(1, 3), min_size=1, max_size=2))))
     salts = draw(st.lists(st.sampled_from([None, None, "s"]), min_size=n, max_size=n))
     logprobs = draw(st.lists(st.booleans(), min_size=n, max_size=n))
-    return Trace.from_prompts(prompts, outputs=outputs, cache_salts=salts, prompt_logprobs=logprobs)
+    # SGLang logprob starts: none, inside the prompt, or past it (the request is refused)
+    starts = [draw(st.sampled_from([-1, -1, 0, 1, 2, len(p) + 1])) if lp else -1 for lp, p in zip(logprobs, prompts)]
+    return Trace.from_prompts(prompts, outputs=outputs, cache_salts=salts, prompt_logprobs=logprobs,
+                              logprob_start_len=starts)
 
 
 _BRUTE = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -238,7 +241,10 @@ def chat_logs(draw):
         outputs.append(list(rng.integers(0, 30, rng.integers(1, 15))) if rng.random() < 0.7 else None)
         salts.append("t" if rng.random() < 0.15 else None)
     logprobs = (rng.random(n) < 0.05).tolist()
-    return Trace.from_prompts(prompts, outputs=outputs, cache_salts=salts, prompt_logprobs=logprobs)
+    # SGLang logprob starts: inside the prompt, or past it (refused, run as a placeholder)
+    starts = [int(rng.choice([0, len(p) // 2, len(p) + 3])) if lp else -1 for lp, p in zip(logprobs, prompts)]
+    return Trace.from_prompts(prompts, outputs=outputs, cache_salts=salts, prompt_logprobs=logprobs,
+                              logprob_start_len=starts)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -283,7 +289,9 @@ def test_no_replay_beats_the_optimum_at_any_capacity(seed, unit):
             p = list(systems[rng.integers(3)]) + list(rng.integers(0, 9, rng.integers(0, 6)))
         prompts.append(p[:40])
         outputs.append(list(rng.integers(0, 9, rng.integers(1, 6))))
-    trace = Trace.from_prompts(prompts, outputs=outputs)
+    starts = [len(p) + 1 if k % 5 == 4 else (len(p) // 2 if k % 7 == 6 else -1) for k, p in enumerate(prompts)]
+    trace = Trace.from_prompts(prompts, outputs=outputs, prompt_logprobs=[s >= 0 for s in starts],
+                               logprob_start_len=starts)
     apc, radix = apc_optimal(trace, unit), radix_optimal(trace, unit)
     measured = np.ones(len(trace), bool)
     for cap in range(unit, 140 + unit, unit):

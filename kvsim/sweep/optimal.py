@@ -50,6 +50,12 @@ class Rules:
     chain: np.ndarray         # int64: tokens of its chain that it leaves cached
     read_units: np.ndarray    # int64: leading full units its lookup may hit
     demand: np.ndarray        # int64: units it holds while it runs (resident models)
+    counted: np.ndarray | None = None  # bool: runs and is counted (default: admitted); SGLang runs a
+                                       # refused logprob request as a placeholder but reports it rejected
+
+    def __post_init__(self) -> None:
+        if self.counted is None:
+            self.counted = self.admitted
 
 
 @dataclass
@@ -123,7 +129,7 @@ class OptimalModel:
         if cut.any():  # chains cut shorter at this capacity (radix: generation clipped to the pool)
             self.trie.split_at(np.flatnonzero(cut), rules.chain[cut])
         self.trie.ensure_paths()
-        measured = self.measured & rules.admitted
+        measured = self.measured & rules.counted
         out = np.zeros(len(measured), np.int64)
         hits, upper = optimal_pass(self.trie.path_off, self.trie.path_nodes, self.trie.d0, self.trie.d1,
                                    self.trie.num_nodes, rules.admitted, rules.chain, rules.read_units,
@@ -133,7 +139,7 @@ class OptimalModel:
             # the unlimited cache keeps every interval, so its packing is exact: a bound too
             upper = min(upper, self.at(None).hit_tokens)
         return OptimalPoint(capacity_tokens, K, int(hits), int(upper), int(self.prompt_tokens[measured].sum()),
-                            int(rules.admitted.sum()), time.perf_counter() - t0)
+                            int(rules.counted.sum()), time.perf_counter() - t0)
 
     def hit_rate(self, capacities: Sequence[float | None] | np.ndarray) -> np.ndarray:
         """The optimal token hit rate at each capacity (tokens; None/inf = unlimited)."""
@@ -221,31 +227,61 @@ def radix_optimal(trace: Trace, page_size: int = 1, warmup: float | int | None =
     want = np.full(len(L), UNCAPPED_MAX_NEW if max_new_tokens is None else int(max_new_tokens), np.int64) \
         if stop else wanted
     ceil_L = -(-L // p) * p
-    read_units = np.maximum(L - 1, 0) // p
+    start = trace.logprob_start_len.astype(np.int64)
+    # the len-1 rule, a logprob request at most its start (§2.1)
+    read_units = np.maximum(np.where(start >= 0, np.minimum(L - 1, start), L - 1), 0) // p
+    # a start past the prompt is refused, and the request runs as the prompt [0] with one
+    # sampled token (``logprob_aborts``): it takes room and writes that chain, counted nowhere
+    aborted = start > L
+    tok_a, off_a, run_L = tokens, trace.offsets, L
+    if aborted.any():
+        tok_a, off_a, out, out_off = _placeholders(tokens, trace.offsets, out, out_off, aborted)
+        run_L = np.where(aborted, 1, L)
+        read_units = np.where(aborted, 0, read_units)
 
     def rules(K: int) -> Rules:
         T = K * p
         if K >= _UNLIMITED:
             max_new = want
-            admitted = np.ones(len(L), bool)
+            fits = np.ones(len(L), bool)
         else:
             # Scheduler.init_req_max_new_tokens: generation clipped to the empty pool (§7.2)
             max_new = np.maximum(0, np.minimum(want, T - ceil_L - p - 1))
-            admitted = L + np.minimum(max_new, CLIP_MAX_NEW_TOKENS) + p < T
-        k = np.minimum(wanted, np.maximum(max_new, 1))
-        extra = (overlap and stop) & (k < max_new)
-        committed = L + k - 1 + extra                      # KV computed by the time it finishes (§3.3)
+            fits = run_L + np.minimum(max_new, CLIP_MAX_NEW_TOKENS) + p < T
+        k = np.where(aborted, 1, np.minimum(wanted, np.maximum(max_new, 1)))
+        extra = (overlap & (stop | aborted)) & (k < max_new)
+        committed = run_L + k - 1 + extra                  # KV computed by the time it finishes (§3.3)
         chain = committed // p * p
-        prefill = -(-L // p) + (1 if p > 1 else 0)         # the extend allocator keeps a page spare (§5.5)
+        prefill = -(-run_L // p) + (1 if p > 1 else 0)     # the extend allocator keeps a page spare (§5.5)
         demand = np.maximum(prefill, -(-committed // p))
-        return Rules(admitted, chain, read_units, demand)
+        return Rules(fits, chain, read_units, demand, fits & ~aborted)
 
     base = rules(_UNLIMITED)
-    trie = PrefixTrie.build(tokens, trace.offsets, out, out_off, base.chain, namespace_codes(trace))
+    trie = PrefixTrie.build(tok_a, off_a, out, out_off, base.chain, namespace_codes(trace))
     n = len(trace)
     settings = {"page_size": p, "overlap": bool(overlap), "finish": finish}
     return OptimalModel("radix", settings, p, True, trie, warmup_mask(n, warmup), L, np.full(n, -1, np.int64),
                         np.zeros(n, np.int64), time.perf_counter() - t0, rules)
+
+
+def _placeholders(tokens, offsets, out, out_off, aborted):
+    """Token streams where each ``aborted`` request's prompt is [0] and its output its first
+    output token, as SGLang runs a request it refused (the others unchanged)."""
+    L = np.diff(offsets)
+    M = np.diff(out_off)
+    new_L = np.where(aborted, 1, L)
+    new_M = np.where(aborted, 1, M)
+    keep_a = np.repeat(~aborted, L)
+    keep_b = np.repeat(~aborted, M) | (np.arange(len(out)) == np.repeat(out_off[:-1], M))
+    off_a = np.zeros(len(L) + 1, np.int64)
+    off_a[1:] = np.cumsum(new_L)
+    off_b = np.zeros(len(L) + 1, np.int64)
+    off_b[1:] = np.cumsum(new_M)
+    tok_a = np.zeros(int(off_a[-1]), np.asarray(tokens).dtype)
+    # gather the kept prompts in order, then drop in the placeholder token 0
+    slots = np.repeat(~aborted, new_L)
+    tok_a[slots] = np.asarray(tokens)[keep_a]
+    return tok_a, off_a, np.asarray(out)[keep_b], off_b
 
 
 def block_optimal(trace: Trace, block_size: int | None = None, warmup: float | int | None = 0.0,
