@@ -28,3 +28,8 @@ def test_stops_at_the_budget_and_never_splits_below_the_quantum():
     assert caps[jump + 1] - caps[jump] <= 16            # the jump is pinned down to one quantum
     caps, _ = dense_capacities(lambda b: [float(c > 5000) for c in b], 16, 1e5, start=6, max_points=12)
     assert len(caps) == 12
+
+
+def test_extra_points_outside_the_range_are_replayed_but_not_refined():
+    caps, _ = dense_capacities(lambda b: [c / 1e5 for c in b], 10_000, 20_000, start=4, step=0.01, extra=[160])
+    assert caps[0] == 160 and caps[1] >= 10_000 - 16

@@ -254,21 +254,26 @@ class _Builder:
         exact["radix"] = dense_capacities(radix_rates, lo, hi / 1.5, start=RADIX_POINTS, step=RADIX_STEP,
                                           max_points=RADIX_POINTS * 2 if big else RADIX_MAX_POINTS,
                                           extra=sorted(chosen))
-        self.radix_step = largest_step(exact["radix"][1])
         x, y = exact["apc"]
         series.append({"policy": "apc", "label": f"{T.policy_label('apc', sim)}: exact replays", "setting": "apc",
                        "kind": "exact", "capacity_tokens": x, "hit_rate": y})
         x, y = exact["radix"]
-        series.append({"policy": "radix", "label": f"{T.policy_label('radix', sim)}: exact replays at {len(x)} "
-                       "capacities, joined", "setting": "radix", "kind": "joined", "capacity_tokens": x,
-                       "hit_rate": y})
+        inside = (x >= lo - 16) & (x <= hi)   # a chosen capacity below the range stands alone
+        series.append({"policy": "radix", "label": f"{T.policy_label('radix', sim)}: exact replays at "
+                       f"{int(inside.sum())} capacities, joined", "setting": "radix", "kind": "joined",
+                       "capacity_tokens": x[inside], "hit_rate": y[inside]})
+        if not inside.all():
+            series.append({"policy": "radix", "label": f"{T.policy_label('radix', sim)}: exact replay",
+                           "setting": "radix", "kind": "exact", "capacity_tokens": x[~inside],
+                           "hit_rate": y[~inside]})
+        self.radix_step = largest_step(y[inside])
         self.curve_error = {"apc": float(np.abs(apc.hit_rate(exact["apc"][0]) - exact["apc"][1]).max())}
         opt_x = np.unique(np.geomspace(lo, hi, OPTIMAL_POINTS).round())
         self.near: dict[str, float | None] = {}
         for p in POLICIES:
             series.append(self._optimal_series(p, opt_x))
         self.near["apc"] = _near_optimal(opt_x, apc.hit_rate(opt_x), self.optimal["apc"].hit_rate(opt_x))
-        self.near["radix"] = _near_optimal(x, y, self.optimal["radix"].hit_rate(x))
+        self.near["radix"] = _near_optimal(x[inside], y[inside], self.optimal["radix"].hit_rate(x[inside]))
         rows = []
         for cap in sorted(set(exact["apc"][0]) | set(exact["radix"][0])):
             cells = []

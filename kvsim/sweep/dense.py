@@ -21,7 +21,8 @@ def dense_capacities(replay: Callable[[Sequence[float]], Sequence[float]], lo: f
     neighbours differ by at most ``step`` or ``max_points`` replays ran.
 
     ``replay(capacities) -> hit rates`` runs a batch (in parallel if it likes); capacities are
-    rounded to ``quantum`` tokens, and a gap narrower than ``quantum`` is never split.
+    rounded to ``quantum`` tokens, and a gap narrower than ``quantum`` is never split. ``extra``
+    capacities are replayed too, but only gaps inside ``[lo, hi]`` are refined.
     """
     def rounded(values) -> set[float]:
         return {float(max(quantum, round(v / quantum) * quantum)) for v in values}
@@ -35,7 +36,8 @@ def dense_capacities(replay: Callable[[Sequence[float]], Sequence[float]], lo: f
         caps = sorted(done)
         rates = [done[c] for c in caps]
         gaps = [(abs(rates[i + 1] - rates[i]), i) for i in range(len(caps) - 1)
-                if abs(rates[i + 1] - rates[i]) > step and caps[i + 1] - caps[i] > quantum]
+                if abs(rates[i + 1] - rates[i]) > step and caps[i + 1] - caps[i] > quantum
+                and caps[i] >= lo - quantum and caps[i + 1] <= hi + quantum]
         gaps.sort(reverse=True)                     # widest steps first, if the budget runs out
         todo = sorted(rounded(np.sqrt(caps[i] * caps[i + 1]) for _, i in gaps) - set(done))
     caps = np.array(sorted(done))
