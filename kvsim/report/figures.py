@@ -103,7 +103,7 @@ def capacity_chart(series: Sequence[dict[str, Any]], bounds: dict[str, float] | 
         if cap is not None and math.isfinite(cap):
             color = POLICY_COLORS.get(policy, "#444444")
             ax.plot([cap], [0], marker="^", ms=9, color=color, clip_on=False, zorder=5, ls="none",
-                    label=f"{text} ({tokens_label(cap)})")
+                    label=f"{text} ({tokens_label(float(f'{cap:.3g}'))})")
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(tokens_label))
     ax.set_ylim(0, 100)
