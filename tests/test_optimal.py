@@ -111,7 +111,7 @@ def small_logs(draw, max_requests: int = 5, max_len: int = 4):
                               logprob_start_len=starts)
 
 
-_BRUTE = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_BRUTE = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @_BRUTE
@@ -136,7 +136,7 @@ def test_radix_optimum_equals_brute_force(trace, page):
 
 
 @_BRUTE
-@given(small_logs(max_requests=5, max_len=5), st.sampled_from([1, 2, 3]), st.sampled_from(["weighted", "drop"]))
+@given(small_logs(max_requests=5, max_len=4), st.sampled_from([1, 2, 3]), st.sampled_from(["weighted", "drop"]))
 def test_block_optimum_equals_brute_force(trace, block, tail):
     """Exact when every block is full; with partial blocks the brute-force optimum lies in
     the reported bracket."""

@@ -205,6 +205,7 @@ class PrefixTrie:
 
     def split_at(self, requests: np.ndarray, depths: np.ndarray) -> None:
         """Make ``depths[i]`` a node boundary on the chain of ``requests[i]`` (depth <= its W)."""
+        before = self.num_nodes
         for r, w in zip(np.asarray(requests, np.int64), np.asarray(depths, np.int64)):
             if not 0 <= w <= self.W[r]:
                 raise ValueError(f"split depth {w} outside request {r}'s chain of {self.W[r]} tokens")
@@ -215,7 +216,8 @@ class PrefixTrie:
             self.num_nodes = int(_split(int(r), int(w), self.tok_a, self.off_a, self.tok_b, self.off_b, self.ns,
                                         self.roots, self.owner, self.d0, self.d1, self.tkey_node, self.tkey_tok,
                                         self.tval, self.num_nodes))
-        self.path_off = self.path_nodes = None
+        if self.num_nodes != before:  # new boundaries: the paths must be listed again
+            self.path_off = self.path_nodes = None
 
     def _grow(self) -> None:
         """Double the node arrays and the child table (every entry re-inserted)."""
