@@ -117,7 +117,7 @@ def test_overclaimed_cached_tokens_are_caught(monkeypatch):
     assert result.summary()["cached_tokens_differ_from_simulator"] == len(over)
 
 
-@pytest.mark.skipif("radix" not in policy_names(), reason="the radix replay (kvsim.replay.radix) is not in this build")
+@pytest.mark.skipif("radix" not in policy_names(), reason="the radix design is not in this build")
 def test_radix_admission_table_holds_the_cached_prefix_slots():
     """A radix admission's block table starts with the slots of the matched prefix (SGLang's
     prefix_indices), never the padding slot 0 — the bug gpu-validate first found."""
@@ -134,7 +134,7 @@ def test_radix_admission_table_holds_the_cached_prefix_slots():
     assert (adm.block_table[:adm.cached_tokens] > 0).all()
 
 
-@pytest.mark.skipif("radix" not in policy_names(), reason="the radix replay (kvsim.replay.radix) is not in this build")
+@pytest.mark.skipif("radix" not in policy_names(), reason="the radix design is not in this build")
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_radix_reuse_equals_full_prefill(page_size):
     """SGLang radix slot tables (token level at page 1, pages above) drive the pool correctly,

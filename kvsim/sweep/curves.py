@@ -228,7 +228,7 @@ def radix_curve(trace: Trace, page_size: int = 1, eviction_policy: str = "lru", 
     kept = work.key_off[1:] - work.key_off[:-1]
     peak = kept + inputs["phi"]
     if p > 1:   # the prefill's pages plus the extra page the allocator demands (radix §5.5)
-        peak = np.maximum(peak, rules.ceil_page(L, p) // p + 1)
+        peak = np.maximum(peak, rules.prefill_pages(L, p))
     inputs["phi"] = np.where(L > 0, peak - kept, 0)
     admit = rules.admission_need(L, p)
     inputs["admit"] = np.where(L > 0, admit, NEVER)

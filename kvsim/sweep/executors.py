@@ -36,6 +36,10 @@ def replay_point(trace: Trace, point: SweepPoint) -> dict[str, Any]:
     from kvsim.replay.metrics import summarize
 
     result = replay(point.policy, trace, point.options())
+    if point.warmup is not None:  # kvsim.warmup: figures leave the window out
+        from kvsim.warmup import measured_mask
+
+        result.measured = measured_mask(len(trace), point.warmup)
     summary = summarize(result, trace)
     summary.pop("policy", None)
     return {**summary, "config": dict(result.config)}

@@ -77,6 +77,22 @@ def max_new_tokens_for_memory(prompt_len: int, wanted: int, capacity: int | None
     return max(0, min(wanted, capacity - ceil_page(prompt_len, p) - p - 1))
 
 
+def max_new_tokens_for_memory_all(prompt_len: np.ndarray, wanted: np.ndarray, capacity: int, p: int) -> np.ndarray:
+    """:func:`max_new_tokens_for_memory` of every request (arrays, a finite pool)."""
+    return np.maximum(0, np.minimum(wanted, capacity - ceil_page(prompt_len, p) - p - 1))
+
+
+def admits_all(extend: np.ndarray, max_new: np.ndarray, p: int, room: int) -> np.ndarray:
+    """:func:`admits` of every request against the same ``room`` (arrays)."""
+    return extend + np.minimum(max_new, CLIP_MAX_NEW_TOKENS) + p < room
+
+
+def prefill_pages(prompt_len, p: int):
+    """Pages a prefill of ``prompt_len`` tokens holds while it allocates: its pages plus the
+    spare page the paged extend allocator demands (ints or arrays; :func:`extend_demand`)."""
+    return ceil_page(prompt_len, p) // p + (1 if p > 1 else 0)
+
+
 def admission_need(prompt_len, p: int):
     """Free tokens an empty pool must hold to admit a prompt (ints or arrays):
     ``ceil_page(L) + page + 1`` (with ``max_new`` clipped to the pool, §7.2)."""
