@@ -28,8 +28,8 @@ venv-test: $(VENV)/.stamp-test
 demo: venv
 	@mkdir -p $(OUT)
 	$(KVSIM) analyze $(DEMO_TRACE)
-	$(KVSIM) simulate $(DEMO_TRACE) --policy all --capacity-tokens 20000
-	$(KVSIM) report $(DEMO_TRACE) -o $(OUT)/report.html --capacity-tokens 20000
+	$(KVSIM) simulate $(DEMO_TRACE) --policy all --capacity 20000
+	$(KVSIM) report $(DEMO_TRACE) -o $(OUT)/report.html --capacity 20000
 
 ## oracle: the real vLLM 0.33.0 and SGLang 0.5.23 cache code in $(ORACLE) (CPU only)
 oracle:

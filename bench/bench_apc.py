@@ -38,7 +38,7 @@ import vllm_client
 
 from kvsim.io.trace import Trace
 from common import pin_to_one_cpu, synthetic_chat  # noqa: E402
-from kvsim.replay.apc import replay_apc
+from kvsim.replay.driver import replay
 from kvsim.replay.options import SimOptions
 
 MOONCAKE = ROOT / "traces" / "public" / "conversation_trace.jsonl"
@@ -47,7 +47,7 @@ MOONCAKE = ROOT / "traces" / "public" / "conversation_trace.jsonl"
 def time_kvsim(trace: Trace, options: SimOptions, runs: int):
     times, result = [], None
     for _ in range(runs):
-        result = replay_apc(trace, options)
+        result = replay("apc", trace, options)
         times.append(result.elapsed_s)
     return statistics.median(times), times, result
 
@@ -77,7 +77,7 @@ def main() -> None:
     cpu = pin_to_one_cpu()
     warm = Trace.from_prompts([[1, 2, 3] * 20, [1, 2, 3] * 30], output_lengths=[5, 5])
     t0 = time.perf_counter()
-    replay_apc(warm, SimOptions(num_gpu_blocks=20))
+    replay("apc", warm, SimOptions(num_gpu_blocks=20))
     warmup = time.perf_counter() - t0
     python = None if args.no_vllm else vllm_client.oracle_python()
     if python is None and not args.no_vllm:

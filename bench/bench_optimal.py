@@ -21,6 +21,8 @@ the steadier one.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import argparse
 import json
 import os
@@ -59,9 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     from kvsim.io.load import load_trace
-    from kvsim.replay.apc import replay_apc
+    from kvsim.replay.driver import replay
     from kvsim.replay.options import SimOptions
-    from kvsim.replay.radix import replay_radix
     from kvsim.sweep.optimal import optimal_model
 
     cpu = pin_to_one_cpu()
@@ -74,20 +75,20 @@ def main(argv: list[str] | None = None) -> int:
             policy, size = setting.split(":")
             size = int(size)
             key = "block_size" if policy == "apc" else "page_size"
-            replay = replay_apc if policy == "apc" else replay_radix
+            replay_policy = partial(replay, policy)
 
             def curve():
                 model = optimal_model(trace, policy, **{key: size})
                 return model, model.hit_rate(caps)
 
             curve()  # compile the kernels and warm the caches
-            replay(trace, SimOptions(capacity_tokens=1e6, **{key: size}))
+            replay_policy(trace, SimOptions(capacity_tokens=1e6, **{key: size}))
             runs = [timed(curve) for _ in range(args.repeat)]
             model, rates = runs[0][0]
             picks = caps[np.linspace(0, len(caps) - 1, args.replays).round().astype(int)]
             exact = []
             for cap in picks:
-                res, wall, cpu_t = timed(lambda: replay(trace, SimOptions(capacity_tokens=float(cap), **{key: size})))
+                res, wall, cpu_t = timed(lambda: replay_policy(trace, SimOptions(capacity_tokens=float(cap), **{key: size})))
                 ok = ~res.rejected
                 exact.append((wall, cpu_t, int(res.cached_tokens[ok].sum()), model.at(float(cap)).hit_tokens))
             beaten = sum(e[2] > e[3] for e in exact)

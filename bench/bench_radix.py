@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from kvsim.io.trace import Trace  # noqa: E402
 from common import pin_to_one_cpu, synthetic_chat  # noqa: E402
 from kvsim.replay.options import SimOptions  # noqa: E402
-from kvsim.replay.radix import replay_radix  # noqa: E402
+from kvsim.replay.driver import replay  # noqa: E402
 from kvsim.replay.requests import output_token_arrays  # noqa: E402
 
 MOONCAKE = ROOT / "traces" / "public" / "conversation_trace.jsonl"
@@ -60,7 +60,7 @@ def write_workload(trace: Trace, path: Path, configs: list[dict]) -> None:
 def time_kvsim(trace: Trace, options: SimOptions, runs: int):
     times, result = [], None
     for _ in range(runs):
-        result = replay_radix(trace, options)
+        result = replay("radix", trace, options)
         times.append(result.elapsed_s)
     return statistics.median(times), result
 

@@ -105,7 +105,7 @@ def client(url: str):
 def throughput(policy: str, requests: list[dict], adapters: list[str], clients: int, cpus,
                engine: str = "fast") -> dict:
     lora = [a for name in adapters for a in ("--lora-modules", f"{name}=/adapters/{name}")]
-    server = Server(["--policy", policy, "--engine", engine, *lora], cpus["server"])
+    server = Server(["--policy", policy, "--implementation", engine, *lora], cpus["server"])
     try:
         warm = client(server.url)
         warm.chat.completions.create(model="kvsim", messages=[{"role": "user", "content": "warm up"}], max_tokens=2)
@@ -177,7 +177,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--policies", default="apc,radix")
-    ap.add_argument("--engine", default="fast", help="the server's --engine (fast or reference)")
+    ap.add_argument("--implementation", "--engine", dest="engine", default="fast",
+                    help="the server's --implementation (fast or reference)")
     ap.add_argument("--no-proxy", action="store_true", help="skip the proxy measurement")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()

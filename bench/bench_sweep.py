@@ -2,7 +2,7 @@
 
 For each trace and policy setting:
 
-- ``exact``: one exact sequential replay per capacity (``get_replayer(policy)``, the
+- ``exact``: one exact sequential replay per capacity (``replay(policy, ...)``, the
   compiled engines, hashing included) at ``--points`` log-spaced capacities from 1e4 to
   1e8 tokens plus unlimited; the time of *one* replay is the median over those;
 - ``curve``: ``kvsim.sweep.curve_model`` (hashing + the stack pass + the step function)
@@ -66,11 +66,13 @@ def options(policy: str, size: int, capacity: float):
 
 
 def bench_setting(trace, policy: str, size: int, capacities: list[float], repeat: int) -> dict:
-    from kvsim.cache.registry import get_replayer
+    from functools import partial
+
+    from kvsim.replay.driver import replay as replay_policy
     from kvsim.replay.metrics import summarize
     from kvsim.sweep import curve_model
 
-    replay = get_replayer(policy)
+    replay = partial(replay_policy, policy)
     kw = {"block_size": size} if policy == "apc" else {"page_size": size}
     # warm-up: compile / load every kernel on a small prefix
     small = trace.head(200)
@@ -119,7 +121,7 @@ def random_workload(seed: int, n: int = 300):
 def random_accuracy(seeds: int) -> None:
     import numpy as np
 
-    from kvsim.cache.registry import get_replayer
+    from kvsim.replay.driver import replay
     from kvsim.replay.metrics import summarize
     from kvsim.sweep import curve_model
 
@@ -136,7 +138,7 @@ def random_accuracy(seeds: int) -> None:
             model = curve_model(tr, policy, **kw)
             for cap in caps:
                 opts = options(policy, kw.get("block_size", kw.get("page_size")), cap)
-                r = get_replayer(policy)(tr, opts)
+                r = replay(policy, tr, opts)
                 s = summarize(r, tr)
                 rows.append((s["rejected"] / len(tr), abs(s["token_hit_rate"] - model.hit_rate([r.capacity_tokens])[0])))
         arr = np.array(rows)

@@ -6,8 +6,9 @@ from typing import Any
 
 import pandas as pd
 
-from kvsim.cache.registry import get_replayer, resolve_policies
+from kvsim.cache.registry import resolve_policies
 from kvsim.io.trace import Trace
+from kvsim.replay.driver import replay
 from kvsim.replay.metrics import breakdowns, per_request_frame, summarize
 from kvsim.replay.options import SimOptions
 from kvsim.replay.result import ReplayResult
@@ -25,7 +26,7 @@ def simulate(trace: Trace | str | Path, policy: str = "apc", options: SimOptions
              **option_kwargs: Any) -> ReplayResult:
     """Replay a trace (or a log path) through one policy: ``simulate(t, "apc", capacity_tokens=1e5)``."""
     opts = options or SimOptions(**option_kwargs)
-    return get_replayer(policy)(_as_trace(trace), opts)
+    return replay(policy, _as_trace(trace), opts)
 
 
 def compare(trace: Trace | str | Path, policies: str = "all", options: SimOptions | None = None,
@@ -33,7 +34,7 @@ def compare(trace: Trace | str | Path, policies: str = "all", options: SimOption
     """Side-by-side summary of several policies on one trace, one column per policy."""
     t = _as_trace(trace)
     opts = options or SimOptions(**option_kwargs)
-    rows = {name: summarize(get_replayer(name)(t, opts), t) for name in resolve_policies(policies)}
+    rows = {name: summarize(replay(name, t, opts), t) for name in resolve_policies(policies)}
     return pd.DataFrame(rows)
 
 

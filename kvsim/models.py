@@ -1,7 +1,7 @@
 """Model shapes, GPU sizes, KV bytes per token, and each engine's cache capacity.
 
 The exact parts: KV bytes per token for a shape (vLLM's page formula, spec
-``vllm_apc.md §8``; SGLang's cell size, ``sglang_radix.md §6``) and the conversions
+``docs/engines/apc.md §8``; SGLang's cell size, ``docs/engines/radix.md §6``) and the conversions
 between capacity units. The estimated parts: how much memory an engine finds free for
 KV after loading weights on a given GPU — both engines *measure* this with a profiling
 pass that cannot be reproduced offline, so kvsim estimates it and says so.
@@ -171,7 +171,7 @@ def vllm_kv_memory_estimate(model: ModelShape, gpu_bytes: int, utilization: floa
                             tp: int = 1, max_num_batched_tokens: int = 8192) -> int:
     """vLLM: total * gpu_memory_utilization - weights - profiled peak (estimated).
 
-    The real value comes from a profiling forward pass (spec ``vllm_apc.md §8``); we
+    The real value comes from a profiling forward pass (``docs/engines/apc.md §8``); we
     estimate its peak activations from ``max_num_batched_tokens`` and add 1 GiB for
     CUDA graphs and non-torch allocations.
     """
@@ -205,7 +205,7 @@ def sglang_mem_fraction_static(gpu_bytes: int, tp: int = 1) -> float:
 
 def sglang_kv_memory_estimate(model: ModelShape, gpu_bytes: int, mem_fraction_static: float | None = None,
                               tp: int = 1) -> int:
-    """SGLang: rest = free-after-weights - total * (1 - mem_fraction_static) (spec §6)."""
+    """SGLang: rest = free-after-weights - total * (1 - mem_fraction_static) (docs/engines/radix.md §6)."""
     frac = sglang_mem_fraction_static(gpu_bytes, tp) if mem_fraction_static is None else mem_fraction_static
     after_weights = gpu_bytes - model.weight_bytes(tp)
     return int(after_weights - gpu_bytes * (1 - frac))

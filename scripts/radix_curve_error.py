@@ -23,7 +23,7 @@ import numpy as np
 
 def admits_all(trace, page: int) -> float:
     """The smallest capacity (tokens) at which SGLang's admission rule rejects no request."""
-    from kvsim.cache.radix_cache import CLIP_MAX_NEW_TOKENS
+    from kvsim.cache.radix.rules import CLIP_MAX_NEW_TOKENS
 
     L = trace.prompt_lengths
     M = np.maximum(trace.output_lengths, 1)
@@ -38,7 +38,7 @@ def measure(path: str, page: int, points: int, dense: int, step: float,
     from kvsim.io.load import load_trace
     from kvsim.replay.metrics import summarize
     from kvsim.replay.options import SimOptions
-    from kvsim.replay.radix import replay_radix
+    from kvsim.replay.driver import replay
     from kvsim.sweep.curves import curve_model
     from kvsim.sweep.dense import dense_capacities
 
@@ -47,7 +47,7 @@ def measure(path: str, page: int, points: int, dense: int, step: float,
     hi = float(trace.prompt_lengths.sum() + np.maximum(trace.output_lengths, 1).sum()) * 1.2
 
     def exact(c: float) -> float:
-        s = summarize(replay_radix(trace, SimOptions(capacity_tokens=float(c), page_size=page)), trace)
+        s = summarize(replay("radix", trace, SimOptions(capacity_tokens=float(c), page_size=page)), trace)
         assert s["rejected"] == 0, (path, page, c)
         return s["token_hit_rate"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvsim.analyze.core import SECTIONS
-from kvsim.analyze.render import pct
+from kvsim.render.analyze import pct
 from kvsim.cli import run
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from kvsim.analyze import AnalyzeOptions, analyze
-from kvsim.analyze import _kernels as K
 from kvsim.analyze.reuse import build_prefix_index, namespace_roots
 from kvsim.analyze.reuse_distance import block_accesses
 from kvsim.io.trace import Trace
+from kvsim.kernels.stack import stack_distances
 
 
 def naive_distances(seq: list[int]) -> list[int]:
@@ -26,7 +26,7 @@ def naive_distances(seq: list[int]) -> list[int]:
 def test_stack_distances_match_naive(seed):
     rng = np.random.default_rng(seed)
     seq = rng.integers(0, 12, 200)
-    assert K.stack_distances(seq.astype(np.int64), 12).tolist() == naive_distances(seq.tolist())
+    assert stack_distances(seq.astype(np.int64), 12).tolist() == naive_distances(seq.tolist())
 
 
 def lru_block_hits(trace: Trace, capacity_blocks: int) -> int:

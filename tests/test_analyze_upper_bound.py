@@ -14,13 +14,13 @@ from kvsim.io.trace import Trace
 
 @pytest.mark.parametrize("n, cached", [(17, 16), (32, 16), (33, 32), (48, 32), (100, 96), (300, 288)])
 def test_apc_recompute_rule_examples(n, cached):
-    """specs/vllm_apc.md §2.2: a fully seen prompt of N tokens hits floor((N-1)/16) blocks."""
+    """docs/engines/apc.md §2.2: a fully seen prompt of N tokens hits floor((N-1)/16) blocks."""
     got = hit_tokens(np.array([n]), np.array([n]), block=16, recompute=True)
     assert got.tolist() == [cached]
 
 
 def test_radix_recompute_rule():
-    """specs/sglang_radix.md §2.1: at most L-1 tokens, paged floor((L-1)/p)*p."""
+    """docs/engines/radix.md §2.1: at most L-1 tokens, paged floor((L-1)/p)*p."""
     r, L = np.array([20, 20, 19]), np.array([20, 40, 19])
     assert hit_tokens(r, L, 1, recompute=True).tolist() == [19, 20, 18]
     assert hit_tokens(r, L, 4, recompute=True).tolist() == [16, 20, 16]

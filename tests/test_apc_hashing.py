@@ -6,7 +6,7 @@ import pickle
 import numpy as np
 import pytest
 
-from kvsim.cache import hashing
+from kvsim.cache.apc import hashing
 from kvsim.errors import ConfigError
 
 # Golden vectors from vLLM 0.33.0 itself (get_request_block_hasher, block size 4, tokens
@@ -60,7 +60,7 @@ def test_none_hash_seed_follows_pythonhashseed(monkeypatch):
 
 
 def test_extra_keys_order_and_scope():
-    """LoRA on every block, mm items overlapping the block, salt on block 0 only (spec §1.3, 0.33 form)."""
+    """LoRA on every block, mm items overlapping the block, salt on block 0 only (docs/engines/apc.md §1.3, 0.33 form)."""
     lora = ("a", "/p/a")
     assert hashing.extra_keys(0, 16, lora, "salt") == (("lora", "a", "/p/a"), ("cache_salt", "salt"))
     assert hashing.extra_keys(16, 32, lora, "salt") == (("lora", "a", "/p/a"),)

@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).parent / "oracle"))
 import vllm_client
 from vllm_workloads import Mix, random_trace
 
-from kvsim.cache import hashing
+from kvsim.cache.apc import hashing
 from kvsim.io.trace import Trace
-from kvsim.replay.apc import replay_apc_detailed
+from kvsim.replay.driver import replay_detailed
 from kvsim.replay.options import SimOptions
 from kvsim.replay.requests import output_token_arrays
 
@@ -98,7 +98,8 @@ ORACLE_EXTRA: dict = {}
 def test_replay_matches_vllm(oracle_runs, k, engine):
     """Per-request cached tokens, rejections, evictions, hit stats and the final pool equal vLLM's."""
     trace, options, _, vllm = oracle_runs[k]
-    result, final = replay_apc_detailed(trace, options, engine=engine)
+    result, cache = replay_detailed("apc", trace, options, implementation=engine)
+    final = cache.final_state()
     np.testing.assert_array_equal(result.rejected, vllm["rejected"])
     np.testing.assert_array_equal(result.cached_tokens, vllm["cached"])
     np.testing.assert_array_equal(result.evictions, vllm["evicted"])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.cache.block_pool import BlockHashMap, BlockPool, FreeQueue
+from kvsim.cache.apc.pool import BlockHashMap, BlockPool, FreeQueue
 
 
 def test_free_queue_operations():
@@ -82,7 +82,7 @@ def test_null_block_and_lazy_eviction():
 
 @pytest.mark.parametrize("to_head, order", [(True, [4, 3, 5, 6, 2, 1]), (False, [5, 6, 4, 3, 2, 1])])
 def test_free_order(to_head, order):
-    """0.24+: unhashed blocks to the head, hashed to the tail; <=0.23: all to the tail (spec §3.5)."""
+    """0.24+: unhashed blocks to the head, hashed to the tail; <=0.23: all to the tail (docs/engines/apc.md §3.5)."""
     pool = BlockPool(7, free_unhashed_to_head=to_head)
     blocks = pool.get_new_blocks(4)
     pool.cache_full_blocks(blocks, ["a", "b"], 0, 2)

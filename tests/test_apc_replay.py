@@ -11,11 +11,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "oracle"))
 from vllm_workloads import Mix, random_trace
 
-from kvsim.cache.apc_metrics import CachingMetrics, PrefixCacheStats, sequential_hit_rate_figures
-from kvsim.cache.registry import get_replayer
+from kvsim.cache.apc.metrics import CachingMetrics, PrefixCacheStats, sequential_hit_rate_figures
 from kvsim.errors import ConfigError, KvsimError
 from kvsim.io.trace import Trace
-from kvsim.replay.apc import replay_apc, replay_apc_detailed
+from kvsim.replay.driver import replay, replay_detailed
 from kvsim.replay.options import SimOptions
 
 C48 = [0] * 16 + [1] * 16 + [2] * 16
@@ -24,8 +23,9 @@ C48 = [0] * 16 + [1] * 16 + [2] * 16
 def both(trace: Trace, **kw):
     """Replay with both engines; they must agree on everything."""
     options = SimOptions(**kw)
-    fast, fast_final = replay_apc_detailed(trace, options, engine="fast")
-    ref, ref_final = replay_apc_detailed(trace, options, engine="reference")
+    fast, fast_engine = replay_detailed("apc", trace, options, implementation="fast")
+    ref, ref_engine = replay_detailed("apc", trace, options, implementation="reference")
+    fast_final, ref_final = fast_engine.final_state(), ref_engine.final_state()
     for name in ("cached_tokens", "rejected", "read_cache", "evictions", "evicted_tokens"):
         np.testing.assert_array_equal(getattr(fast, name), getattr(ref, name), err_msg=name)
     assert fast.peak_used_tokens == ref.peak_used_tokens and fast.capacity_tokens == ref.capacity_tokens
@@ -55,7 +55,7 @@ def test_fast_engine_equals_reference(seed, B, blocks, version, algo):
 def test_hash_algorithms_give_the_same_replay():
     """Only hash equality matters: fast, sha256 and sha256_cbor replay identically."""
     trace = random_trace(11, Mix(n=300))
-    runs = [replay_apc(trace, SimOptions(num_gpu_blocks=80, hash_algo=a)) for a in ("fast", "sha256", "sha256_cbor")]
+    runs = [replay("apc", trace, SimOptions(num_gpu_blocks=80, hash_algo=a)) for a in ("fast", "sha256", "sha256_cbor")]
     for r in runs[1:]:
         np.testing.assert_array_equal(r.cached_tokens, runs[0].cached_tokens)
         np.testing.assert_array_equal(r.evictions, runs[0].evictions)
@@ -68,7 +68,7 @@ def _seq_trace(prompts, **kw):
 @pytest.mark.parametrize("version, queue", [("0.33", [1, 2, 3, 10, 9, 8, 7, 6, 5, 4]),
                                             ("0.11", [1, 2, 3, 6, 5, 4, 10, 9, 8, 7])])
 def test_sequential_s1(version, queue):
-    """S1's requests one at a time (one output token each), worked by hand from spec §3.5."""
+    """S1's requests one at a time (one output token each), worked by hand from docs/engines/apc.md §3.5."""
     trace = _seq_trace([C48 + [3] * 7, C48 + [3] * 5, C48 + [3] * 6, [99] * 160])
     result, final = both(trace, num_gpu_blocks=11, engine_version=version)
     assert result.cached_tokens.tolist() == [0, 48, 48, 0]
@@ -104,7 +104,7 @@ def test_namespaces_isolate_salts_and_adapters():
 
 
 def test_block_aligned_prompt_recomputes_its_last_block():
-    """N = kB: cap (kB-1)//B = k-1 blocks (spec §2.2)."""
+    """N = kB: cap (kB-1)//B = k-1 blocks (docs/engines/apc.md §2.2)."""
     trace = _seq_trace([list(range(32)), list(range(32)), list(range(33)), list(range(17)), [5]])
     r = both(trace, num_gpu_blocks=50)[0]
     assert r.cached_tokens.tolist() == [0, 16, 32, 16, 0]
@@ -141,10 +141,10 @@ def test_rejected_request_is_counted_and_leaves_the_cache_alone():
     r, final = both(trace, num_gpu_blocks=5)  # 4 usable blocks = 64 tokens
     assert r.rejected.tolist() == [False, True, False, True, True]  # 40+30-1 = 69 > 64
     assert r.cached_tokens.tolist() == [0, 0, 32, 0, 0] and r.evictions.sum() == 0
-    without = replay_apc_detailed(trace.select([0, 2]), SimOptions(num_gpu_blocks=5))[1]
+    without = replay_detailed("apc", trace.select([0, 2]), SimOptions(num_gpu_blocks=5))[1].final_state()
     assert final == without
     fits = Trace.from_prompts([list(range(40))], output_lengths=[25])  # 64 tokens: just fits
-    assert not replay_apc(fits, SimOptions(num_gpu_blocks=5)).rejected[0]
+    assert not replay("apc", fits, SimOptions(num_gpu_blocks=5)).rejected[0]
 
 
 def test_unlimited_capacity_is_the_upper_bound():
@@ -153,14 +153,14 @@ def test_unlimited_capacity_is_the_upper_bound():
     assert unlimited.capacity_tokens is None and unlimited.evictions.sum() == 0
     assert not unlimited.rejected.any()
     for blocks in (40, 150, 600):
-        finite = replay_apc(trace, SimOptions(num_gpu_blocks=blocks))
+        finite = replay("apc", trace, SimOptions(num_gpu_blocks=blocks))
         ok = ~finite.rejected
         assert (finite.cached_tokens[ok] <= unlimited.cached_tokens[ok]).all()
 
 
 def test_capacity_units_and_result_fields():
     trace = random_trace(4, Mix(n=200))
-    r = replay_apc(trace, SimOptions(capacity_tokens=1000))
+    r = replay("apc", trace, SimOptions(capacity_tokens=1000))
     assert r.extra["num_gpu_blocks"] == 1000 // 16 + 1 and r.capacity_tokens == 62 * 16
     assert r.policy == "apc" and len(r) == 200
     for key in ("block_size", "hash_algo", "engine_version", "peak_blocks_in_use", "evicted_blocks",
@@ -170,13 +170,13 @@ def test_capacity_units_and_result_fields():
     assert r.peak_used_tokens <= r.capacity_tokens
     np.testing.assert_array_equal(r.evicted_tokens, r.evictions * 16)
     assert r.extra["evicted_blocks"] == r.evictions.sum()
-    assert get_replayer("apc")(trace, SimOptions(capacity_tokens=1000)).cached_tokens.tolist() == \
+    assert replay("apc", trace, SimOptions(capacity_tokens=1000)).cached_tokens.tolist() == \
         r.cached_tokens.tolist()
 
 
 def test_progress_reports_completion():
     calls = []
-    replay_apc(random_trace(5, Mix(n=50)), SimOptions(num_gpu_blocks=60), progress=lambda d, t: calls.append((d, t)))
+    replay("apc", random_trace(5, Mix(n=50)), SimOptions(num_gpu_blocks=60), progress=lambda d, t: calls.append((d, t)))
     assert calls and calls[-1] == (50, 50)
 
 
@@ -205,14 +205,39 @@ def test_bad_configurations_are_config_errors(change, message):
     for k, v in change.items():
         setattr(options, k, v)
     with pytest.raises(ConfigError, match=message):
-        replay_apc(random_trace(6, Mix(n=5)), options)
+        replay("apc", random_trace(6, Mix(n=5)), options)
 
 
 def test_bad_engine_and_length_only_trace():
     trace = random_trace(7, Mix(n=5))
     with pytest.raises(ConfigError, match="engine"):
-        replay_apc(trace, SimOptions(), engine="turbo")
+        replay("apc", trace, SimOptions(), implementation="turbo")
     lengths_only = Trace(offsets=np.array([0, 10]), tokens=None, output_lengths=np.array([3]),
                          arrival=np.array([0.0]))
     with pytest.raises(KvsimError, match="prefix information"):
-        replay_apc(lengths_only, SimOptions())
+        replay("apc", lengths_only, SimOptions())
+
+
+@pytest.mark.parametrize("algo", ["fast", "sha256"])
+def test_fast_engine_serves_one_request_at_a_time_like_a_replay(algo):
+    """APCFast.serve (one request per call, on a pool that lives across calls) gives the
+    same per-request results and the same final pool as replaying the whole trace at once,
+    and the reference model's serve agrees with both."""
+    from kvsim.cache.apc.fast import APCFast
+    from kvsim.cache.apc.reference import APCReference
+    from kvsim.cache.apc.settings import APCSettings
+    from kvsim.replay.requests import workload
+
+    trace = random_trace(21, Mix(n=300, p_plp=0.1))
+    settings = APCSettings(block_size=16, num_gpu_blocks=90, hash_algo=algo)
+    work = workload(trace)
+    whole = APCFast(settings)
+    cols = whole.replay(work)
+    one, ref = APCFast(settings), APCReference(settings)
+    served = [one.serve(req) for req in work]
+    assert [s.cached_tokens for s in served] == cols.cached_tokens.tolist()
+    assert [s.rejected for s in served] == cols.rejected.tolist()
+    assert [s.evictions for s in served] == cols.evictions.tolist()
+    assert one.final_state() == whole.final_state()
+    assert [ref.serve(req) for req in work] == served
+    assert ref.final_state() == whole.final_state() and cols.evictions.sum() > 0

@@ -1,4 +1,4 @@
-"""Acceptance scenarios S1–S16 and M1–M2 of spec ``vllm_apc.md §6`` on the reference model.
+"""Acceptance scenarios S1–S16 and M1–M2 of ``docs/engines/apc.md §6`` on the reference model.
 
 "modern" is vLLM >= 0.24 (the 0.33 default), "legacy" <= 0.23 (``--engine-version 0.11``).
 Modern numbers were re-checked against the real vLLM 0.33.0 manager.
@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.cache import hashing
-from kvsim.cache.apc import PROFILES, APCManager, BlockHasher, Sequence
-from kvsim.cache.apc_metrics import CachingMetrics, PrefixCacheStats
-from kvsim.cache.block_pool import BlockPool
+from kvsim.cache.apc import hashing
+from kvsim.cache.apc.reference import APCManager, BlockHasher, Sequence
+from kvsim.cache.apc.settings import PROFILES
+from kvsim.cache.apc.metrics import CachingMetrics, PrefixCacheStats
+from kvsim.cache.apc.pool import BlockPool
 
 B = 16
 C48 = [0] * 16 + [1] * 16 + [2] * 16

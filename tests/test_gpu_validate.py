@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch", reason="gpu extra not installed (pip instal
 
 from kvsim.cache.base import Admission
 from kvsim.cache.registry import policy_names
-from kvsim.gpu import engines
+from kvsim.gpu import cache_models
 from kvsim.gpu.calibration import Calibration
 from kvsim.gpu.validate import ValidateOptions, run_validation
 from kvsim.io.trace import Trace
@@ -70,7 +70,7 @@ def test_apc_with_evictions_and_block_sizes(block_size):
 
 def _broken_apc(corrupt):
     """The real APC model whose admissions pass through ``corrupt(admission) -> admission``."""
-    real = engines.BUILDERS["apc"]
+    real = cache_models.BUILDERS["apc"]
 
     def build(trace, options):
         cm = real(trace, options)
@@ -94,7 +94,7 @@ def test_a_wrong_page_in_the_block_table_is_caught(monkeypatch):
         table[1] = table[-1]          # a new page of this request (not yet written) instead of a cached one
         return adm._replace(block_table=table)
 
-    monkeypatch.setitem(engines.BUILDERS, "apc", _broken_apc(swap))
+    monkeypatch.setitem(cache_models.BUILDERS, "apc", _broken_apc(swap))
     result = validate(chat_trace())
     bad = [c for c in result.checks if not c.ok]
     assert bad and not result.ok
@@ -109,7 +109,7 @@ def test_overclaimed_cached_tokens_are_caught(monkeypatch):
             return adm._replace(cached_tokens=adm.cached_tokens + 16)
         return adm
 
-    monkeypatch.setitem(engines.BUILDERS, "apc", _broken_apc(overclaim))
+    monkeypatch.setitem(cache_models.BUILDERS, "apc", _broken_apc(overclaim))
     result = validate(chat_trace())
     over = [c for c in result.checks if c.cached_tokens != c.predicted_cached]
     assert over and not result.ok
@@ -117,14 +117,15 @@ def test_overclaimed_cached_tokens_are_caught(monkeypatch):
     assert result.summary()["cached_tokens_differ_from_simulator"] == len(over)
 
 
-@pytest.mark.skipif("radix" not in policy_names(), reason="the radix replay (kvsim.replay.radix) is not in this build")
+@pytest.mark.skipif("radix" not in policy_names(), reason="the radix design is not in this build")
 def test_radix_admission_table_holds_the_cached_prefix_slots():
     """A radix admission's block table starts with the slots of the matched prefix (SGLang's
     prefix_indices), never the padding slot 0 — the bug gpu-validate first found."""
     from kvsim.cache.base import Request
-    from kvsim.cache.radix_cache import RadixCacheModel
+    from kvsim.cache.radix.reference import RadixReference
+    from kvsim.cache.radix.settings import RadixSettings
 
-    model = RadixCacheModel(page_size=1)
+    model = RadixReference(RadixSettings(page_size=1))
     prompt = np.arange(10)
     for rid in ("a", "b"):
         adm = model.admit(Request(rid, prompt, np.array([99])))
@@ -133,7 +134,7 @@ def test_radix_admission_table_holds_the_cached_prefix_slots():
     assert (adm.block_table[:adm.cached_tokens] > 0).all()
 
 
-@pytest.mark.skipif("radix" not in policy_names(), reason="the radix replay (kvsim.replay.radix) is not in this build")
+@pytest.mark.skipif("radix" not in policy_names(), reason="the radix design is not in this build")
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_radix_reuse_equals_full_prefill(page_size):
     """SGLang radix slot tables (token level at page 1, pages above) drive the pool correctly,

@@ -149,12 +149,12 @@ def test_bad_options(tmp_path, capsys):
 def test_export_never_overwrites_an_input(tmp_path, capsys):
     path = log(tmp_path, GOOD_CHAT)
     before = path.read_bytes()
-    fails(capsys, ["inspect", str(path), "--export", str(path)], "it is an input file")
-    fails(capsys, ["inspect", str(path), "--export", str(path), "--force"], "it is an input file")
+    fails(capsys, ["inspect", str(path), "--export", str(path)], "refusing to write over an input file")
+    fails(capsys, ["inspect", str(path), "--export", str(path), "--force"], "refusing to write over an input file")
     assert path.read_bytes() == before
     out = tmp_path / "out.jsonl"
     out.write_text("precious\n")
-    fails(capsys, ["inspect", str(path), "--export", str(out)], "exists; pass --force")
+    fails(capsys, ["inspect", str(path), "--export", str(out)], "already exists (use --force")
     assert out.read_text() == "precious\n"
     assert run(["inspect", str(path), "--export", str(out), "--force"]) == 0
     assert json.loads(out.read_text())["prompt_token_ids"]

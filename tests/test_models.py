@@ -1,4 +1,4 @@
-"""Model shapes, KV sizes and capacity conversions (spec vllm_apc.md §8, sglang_radix.md §6)."""
+"""Model shapes, KV sizes and capacity conversions (spec docs/engines/apc.md §8, docs/engines/radix.md §6)."""
 import json
 
 import pytest

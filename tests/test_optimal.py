@@ -19,9 +19,8 @@ from hypothesis import strategies as st
 
 from kvsim.errors import ConfigError
 from kvsim.io.trace import Trace
-from kvsim.replay.apc import replay_apc
+from kvsim.replay.driver import replay
 from kvsim.replay.options import SimOptions
-from kvsim.replay.radix import replay_radix
 from kvsim.sweep.optimal import apc_optimal, block_optimal, optimal_model, radix_optimal
 from kvsim.sweep.packing import seg_add, seg_min, seg_new
 from kvsim.sweep.prefix_trie import PrefixTrie
@@ -254,7 +253,7 @@ def test_no_apc_replay_beats_the_optimum(trace, block, warmup):
     measured = measured_mask(len(trace), warmup)
     for cap in (40, 100, 200, 400, 800, 2000, math.inf):
         got = model.at(cap)
-        hits, den = _engine_hits(replay_apc(trace, SimOptions(capacity_tokens=cap, block_size=block)), trace,
+        hits, den = _engine_hits(replay("apc", trace, SimOptions(capacity_tokens=cap, block_size=block)), trace,
                                  measured)
         assert den == got.measured_tokens
         assert hits <= got.hit_tokens, cap
@@ -267,7 +266,7 @@ def test_no_radix_replay_beats_the_optimum(trace, page, warmup):
     measured = measured_mask(len(trace), warmup)
     for cap in (64, 160, 320, 640, 1600, math.inf):
         got = model.at(cap)
-        hits, den = _engine_hits(replay_radix(trace, SimOptions(capacity_tokens=cap, page_size=page)), trace,
+        hits, den = _engine_hits(replay("radix", trace, SimOptions(capacity_tokens=cap, page_size=page)), trace,
                                  measured)
         assert den == got.measured_tokens
         assert hits <= got.hit_tokens, cap
@@ -295,6 +294,7 @@ def test_no_replay_beats_the_optimum_at_any_capacity(seed, unit):
     apc, radix = apc_optimal(trace, unit), radix_optimal(trace, unit)
     measured = np.ones(len(trace), bool)
     for cap in range(unit, 140 + unit, unit):
-        for model, replay, key in ((apc, replay_apc, "block_size"), (radix, replay_radix, "page_size")):
-            hits, _ = _engine_hits(replay(trace, SimOptions(capacity_tokens=cap, **{key: unit})), trace, measured)
+        for model, policy, key in ((apc, "apc", "block_size"), (radix, "radix", "page_size")):
+            hits, _ = _engine_hits(replay(policy, trace, SimOptions(capacity_tokens=cap, **{key: unit})), trace,
+                                   measured)
             assert hits <= model.at(cap).hit_tokens, (model.policy, cap)

@@ -12,10 +12,9 @@ import pytest
 
 from kvsim.cli import run
 from kvsim.io.load import load_trace
-from kvsim.replay.apc import replay_apc
+from kvsim.replay.driver import replay
 from kvsim.replay.metrics import summarize
 from kvsim.replay.options import SimOptions
-from kvsim.replay.radix import replay_radix
 from kvsim.report import ReportOptions, build_report
 from kvsim.sweep import sweep
 from kvsim.sweep.optimal import apc_optimal, radix_optimal
@@ -70,11 +69,10 @@ def test_report_chart_numbers_and_the_90_percent_point(demo):
     near = n["near_optimal_capacity"]
     assert set(near) == {"apc", "radix"} and n["near_optimal_share"] == 0.9
     # at the named capacity an exact replay really is within 90% of the optimum
-    for p, replay, model in (("apc", replay_apc, apc_optimal(demo, 16)), ("radix", replay_radix,
-                                                                           radix_optimal(demo, 1))):
+    for p, model in (("apc", apc_optimal(demo, 16)), ("radix", radix_optimal(demo, 1))):
         cap = near[p]
         assert cap is not None
-        got = summarize(replay(demo, SimOptions(capacity_tokens=cap)), demo)["token_hit_rate"]
+        got = summarize(replay(p, demo, SimOptions(capacity_tokens=cap)), demo)["token_hit_rate"]
         assert got >= 0.9 * model.at(cap).hit_rate - 1e-12
     capacity = next(s for s in data.sections if s.id == "capacity")
     names = [c.name for c in capacity.charts]

@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 from kvsim.io.load import load_trace
-from kvsim.replay.apc import replay_apc
+from kvsim.replay.driver import replay
 from kvsim.replay.options import SimOptions
-from kvsim.replay.radix import replay_radix
 from kvsim.sweep.optimal import apc_optimal, radix_optimal
 from kvsim.warmup import measured_mask
 
@@ -33,11 +32,11 @@ def _load(name: str):
 
 def _check(trace, capacities, warmup):
     measured = measured_mask(len(trace), warmup)
-    settings = [(apc_optimal(trace, 16, warmup=warmup), replay_apc, {"block_size": 16})]
-    settings += [(radix_optimal(trace, p, warmup=warmup), replay_radix, {"page_size": p}) for p in (1, 16)]
-    for model, replay, opts in settings:
+    settings = [(apc_optimal(trace, 16, warmup=warmup), "apc", {"block_size": 16})]
+    settings += [(radix_optimal(trace, p, warmup=warmup), "radix", {"page_size": p}) for p in (1, 16)]
+    for model, policy, opts in settings:
         for cap in capacities:
-            res = replay(trace, SimOptions(capacity_tokens=cap, **opts))
+            res = replay(policy, trace, SimOptions(capacity_tokens=cap, **opts))
             ok = ~res.rejected & measured
             best = model.at(cap)
             assert int(trace.prompt_lengths[ok].sum()) == best.measured_tokens

@@ -12,42 +12,43 @@ import numpy as np
 import pytest
 
 from kvsim.cache.base import Request
-from kvsim.cache.radix_cache import RadixCacheModel, namespace
-from kvsim.cache.radix_fast import FastRadixEngine
-from kvsim.cache.tree_stats import tree_report
+from kvsim.cache.radix.reference import RadixReference, namespace
+from kvsim.cache.radix.fast import RadixFast
+from kvsim.cache.radix.settings import RadixSettings
+from kvsim.cache.radix.stats import tree_report
 from tests.oracle.sglang_workloads import make_workload
 
 POLICIES = ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru"]
 
 
 def both(workload, **kw):
-    ref = RadixCacheModel(**kw)
-    fast = FastRadixEngine(**kw)
+    ref = RadixReference(RadixSettings(**kw))
+    fast = RadixFast(RadixSettings(**kw))
     rows_ref, rows_fast = [], []
     for i, (p, o, lora, salt) in enumerate(zip(workload.prompts, workload.outputs, workload.loras,
                                                  workload.salts)):
         a = ref.serve(Request(str(i), p, o, lora=lora, cache_salt=salt))
-        b = fast.serve(np.concatenate([p, o]).astype(np.int64), len(p), len(o), namespace(lora, salt))
-        rows_ref.append((a.cached_tokens, a.rejected, a.evicted_tokens, a.evicted_leaves, a.max_new,
+        b = fast.serve_tokens(np.concatenate([p, o]).astype(np.int64), len(p), len(o), namespace(lora, salt))
+        rows_ref.append((a.cached_tokens, a.rejected, a.evicted_tokens, a.evictions, a.max_new,
                          a.extend_tokens, ref.used_tokens(), ref.tree.evictable_size))
-        rows_fast.append((b.cached_tokens, b.rejected, b.evicted_tokens, b.evicted_leaves, b.max_new,
+        rows_fast.append((b.cached_tokens, b.rejected, b.evicted_tokens, b.evictions, b.max_new,
                           b.extend_tokens, fast.C - fast.avail, fast.evictable))
     ref.tree.check()
     return ref, fast, rows_ref, rows_fast
 
 
 CASES = [
-    dict(flavor=f, eviction_policy=pol, page_size=p, overlap=ov, finish_mode=fin)
+    dict(tree=f, eviction_policy=pol, page_size=p, overlap=ov, finish=fin)
     for (f, pol), p, ov, fin in itertools.product(
         [(f, pol) for f in ("unified", "classic") for pol in POLICIES if not (f == "classic" and pol == "tlru")],
         (1, 4), (True,), ("length",))
 ] + [
-    dict(flavor="unified", eviction_policy="lru", page_size=16, overlap=ov, finish_mode=fin)
+    dict(tree="unified", eviction_policy="lru", page_size=16, overlap=ov, finish=fin)
     for ov in (True, False) for fin in ("length", "stop")
 ] + [
-    dict(flavor="classic", eviction_policy="lru", page_size=1, overlap=False, finish_mode="stop"),
-    dict(flavor="unified", eviction_policy="lru", page_size=1, eviction_amount="need"),
-    dict(flavor="unified", eviction_policy="fifo", page_size=4, eviction_amount="need", finish_mode="stop",
+    dict(tree="classic", eviction_policy="lru", page_size=1, overlap=False, finish="stop"),
+    dict(tree="unified", eviction_policy="lru", page_size=1, eviction_amount="need"),
+    dict(tree="unified", eviction_policy="fifo", page_size=4, eviction_amount="need", finish="stop",
          max_new_tokens=12),
 ]
 

@@ -28,8 +28,9 @@ import numpy as np
 import pytest
 
 from kvsim.cache.base import Request
-from kvsim.cache.radix_cache import RadixCacheModel, namespace
-from kvsim.cache.radix_fast import FastRadixEngine
+from kvsim.cache.radix.reference import RadixReference, namespace
+from kvsim.cache.radix.fast import RadixFast
+from kvsim.cache.radix.settings import RadixSettings
 from tests.oracle.sglang_workloads import Workload, add_logprob_requests, make_workload, run_oracle
 
 pytestmark = pytest.mark.oracle
@@ -77,11 +78,12 @@ def oracle(tmp_path_factory):
     return {(p, i): r for (p, (_, cfgs)), rs in zip(zip(WORKLOADS, jobs), results) for i, r in enumerate(rs)}
 
 
-def kvsim_kwargs(cfg: dict) -> dict:
-    return dict(page_size=cfg["page_size"], capacity=cfg["capacity"], eviction_policy=cfg["eviction_policy"],
-                flavor="classic" if cfg["tree"] == "radix" else "unified", overlap=cfg["overlap"],
-                chunked_prefill_size=cfg["chunked_prefill_size"], policy_config=cfg["eviction_policy_config"],
-                finish_mode=cfg["finish"], max_new_tokens=cfg["max_new_tokens"])
+def kvsim_settings(cfg: dict) -> RadixSettings:
+    return RadixSettings(page_size=cfg["page_size"], capacity=cfg["capacity"], eviction_policy=cfg["eviction_policy"],
+                         tree="classic" if cfg["tree"] == "radix" else "unified", overlap=cfg["overlap"],
+                         chunked_prefill_size=cfg["chunked_prefill_size"],
+                         policy_config=cfg["eviction_policy_config"] or {}, finish=cfg["finish"],
+                         max_new_tokens=cfg["max_new_tokens"])
 
 
 def columns(real: dict) -> list[tuple]:
@@ -98,11 +100,11 @@ def test_fast_engine_matches_sglang(oracle, cfg):
     real = oracle[(p, [c for c in CONFIGS if c["page_size"] == p].index(cfg))]
     assert real["config"] == cfg
     w = _workload(p)
-    eng = FastRadixEngine(**kvsim_kwargs(cfg))
+    eng = RadixFast(kvsim_settings(cfg))
     got = []
     for prompt, out, lora, salt in zip(w.prompts, w.outputs, w.loras, w.salts):
-        o = eng.serve(np.concatenate([prompt, out]).astype(np.int64), len(prompt), len(out), namespace(lora, salt))
-        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evicted_leaves, eng.avail,
+        o = eng.serve_tokens(np.concatenate([prompt, out]).astype(np.int64), len(prompt), len(out), namespace(lora, salt))
+        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evictions, eng.avail,
                     eng.total_size, eng.evictable))
     expected = columns(real)
     first_bad = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), None)
@@ -114,7 +116,7 @@ def test_fast_engine_matches_sglang(oracle, cfg):
         assert [tuple(x) for x in real["paths"]] == eng.paths()
 
 
-# Logprob requests (issue: prompt logprobs cap the match at logprob_start_len, §2.1):
+# Logprob requests (issue: prompt logprobs cap the match at logprob_start_len, docs/engines/radix.md §2.1):
 # prompt logprobs (start 0), explicit starts (many cutting inside a page), output-only
 # logprobs (no cap), starts past the prompt (SGLang refuses them), ignored starts.
 LOGPROB_CONFIGS = (
@@ -140,13 +142,13 @@ def logprob_oracle(tmp_path_factory):
     return {json.dumps(c, sort_keys=True): r for (_, cfgs), rs in zip(jobs, results) for c, r in zip(cfgs, rs)}
 
 
-def _serve_fast(cfg: dict, w: Workload, starts: list[int]) -> tuple[FastRadixEngine, list[tuple]]:
-    eng = FastRadixEngine(**kvsim_kwargs(cfg))
+def _serve_fast(cfg: dict, w: Workload, starts: list[int]) -> tuple[RadixFast, list[tuple]]:
+    eng = RadixFast(kvsim_settings(cfg))
     got = []
     for prompt, out, lora, salt, start in zip(w.prompts, w.outputs, w.loras, w.salts, starts):
-        o = eng.serve(np.concatenate([prompt, out]).astype(np.int64), len(prompt), len(out), namespace(lora, salt),
+        o = eng.serve_tokens(np.concatenate([prompt, out]).astype(np.int64), len(prompt), len(out), namespace(lora, salt),
                       start)
-        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evicted_leaves, eng.avail,
+        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evictions, eng.avail,
                     eng.total_size, eng.evictable))
     return eng, got
 
@@ -183,11 +185,11 @@ def test_reference_model_logprob_requests_match_sglang(logprob_oracle, cfg):
     """The readable model on the logprob workloads (a few configurations; it is slow)."""
     real = logprob_oracle[json.dumps(cfg, sort_keys=True)]
     w = _logprob_workload(cfg["page_size"])
-    m = RadixCacheModel(**kvsim_kwargs(cfg))
+    m = RadixReference(kvsim_settings(cfg))
     got = []
     for i, (prompt, out, lora, salt, start) in enumerate(zip(w.prompts, w.outputs, w.loras, w.salts, w.starts())):
         o = m.serve(Request(str(i), prompt, out, lora=lora, cache_salt=salt, logprob_start_len=start))
-        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evicted_leaves, int(m.available()),
+        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evictions, int(m.available()),
                     m.tree.total_size, m.tree.evictable_size))
     assert got == columns(real)
 
@@ -195,7 +197,7 @@ def test_reference_model_logprob_requests_match_sglang(logprob_oracle, cfg):
 def test_replay_radix_with_logprob_requests_matches_sglang(logprob_oracle):
     """End to end through the trace column: replay_radix on the logprob workload."""
     from kvsim.replay.options import SimOptions
-    from kvsim.replay.radix import replay_radix
+    from kvsim.replay.driver import replay
 
     cfg = LOGPROB_CONFIGS[5]
     real = logprob_oracle[json.dumps(cfg, sort_keys=True)]
@@ -203,7 +205,7 @@ def test_replay_radix_with_logprob_requests_matches_sglang(logprob_oracle):
     options = SimOptions(max_total_tokens=cfg["capacity"], page_size=16, eviction_policy="lru",
                          extra={"chunked_prefill_size": cfg["chunked_prefill_size"]})
     for engine in ("fast", "reference"):
-        result = replay_radix(w.trace(), options, engine=engine)
+        result = replay("radix", w.trace(), options, implementation=engine)
         assert list(result.cached_tokens) == real["cached"]
         assert list(result.evicted_tokens) == real["evicted_tokens"]
         assert list(result.rejected) == [r or a for r, a in zip(real["rejected"], real["aborted"])]
@@ -216,11 +218,11 @@ def test_reference_model_matches_sglang(oracle, cfg):
     p = cfg["page_size"]
     real = oracle[(p, [c for c in CONFIGS if c["page_size"] == p].index(cfg))]
     w = _workload(p)
-    m = RadixCacheModel(**kvsim_kwargs(cfg))
+    m = RadixReference(kvsim_settings(cfg))
     got = []
     for i, (prompt, out, lora, salt) in enumerate(zip(w.prompts, w.outputs, w.loras, w.salts)):
         o = m.serve(Request(str(i), prompt, out, lora=lora, cache_salt=salt))
-        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evicted_leaves, int(m.available()),
+        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evictions, int(m.available()),
                     m.tree.total_size, m.tree.evictable_size))
     assert got == columns(real)
     if real["paths"] is not None:
@@ -228,7 +230,7 @@ def test_reference_model_matches_sglang(oracle, cfg):
 
 
 def test_scenarios_on_the_real_flow(tmp_path):
-    """§9 scenarios 16-19, 25 and 26, and the waiting-prefix refresh and overlap-order
+    """docs/engines/radix.md §9 scenarios 16-19, 25 and 26, and the waiting-prefix refresh and overlap-order
     scenarios of test_radix_scenarios.py, through the real scheduler flow, both trees."""
     from tests.test_radix_scenarios import overlap_workload, refresh_workload
 
@@ -288,8 +290,8 @@ def test_scenarios_on_the_real_flow(tmp_path):
     # and kvsim agrees on every one of them
     for (w, cfgs), rs in zip(jobs, res):
         for c, r in zip(cfgs, rs):
-            eng = FastRadixEngine(**kvsim_kwargs(c))
-            outs = [eng.serve(np.concatenate([p, o]).astype(np.int64), len(p), len(o), None)
+            eng = RadixFast(kvsim_settings(c))
+            outs = [eng.serve_tokens(np.concatenate([p, o]).astype(np.int64), len(p), len(o), None)
                     for p, o in zip(w.prompts, w.outputs)]
             assert [o.cached_tokens for o in outs] == r["cached"]
             assert [o.evicted_tokens for o in outs] == r["evicted_tokens"]
@@ -318,7 +320,7 @@ def test_logprob_scenarios_on_the_real_flow(tmp_path):
         for r in rs:
             flavor = "classic" if r["config"]["tree"] == "radix" else "unified"
             for engine in ("reference", "fast"):
-                out, total = serve_starts(reqs, engine, flavor=flavor, page_size=page)
+                out, total = serve_starts(reqs, engine, tree=flavor, page_size=page)
                 assert [o.cached_tokens for o in out] == r["cached"]
                 assert [o.rejected for o in out] == [a or b for a, b in zip(r["rejected"], r["aborted"])]
                 assert total == r["tree_total"][-1]
@@ -331,14 +333,14 @@ def test_replay_radix_on_mooncake_matches_sglang(tmp_path):
 
     import kvsim
     from kvsim.replay.options import SimOptions
-    from kvsim.replay.radix import replay_radix
+    from kvsim.replay.driver import replay
     from kvsim.replay.requests import output_token_arrays
 
     path = Path(__file__).resolve().parents[1] / "traces" / "public" / "conversation_trace.jsonl"
     if not path.exists():
         pytest.skip("the bundled Mooncake trace is missing")
     trace = kvsim.load_trace(path, format="mooncake", limit=150)
-    result = replay_radix(trace, SimOptions(capacity_tokens=200_000))
+    result = replay("radix", trace, SimOptions(capacity_tokens=200_000))
     out, off = output_token_arrays(trace)
     w = Workload([trace.prompt(i).astype(np.int64) for i in range(len(trace))],
                  [out[off[i]:off[i + 1]] for i in range(len(trace))], [None] * len(trace), [None] * len(trace))
@@ -353,12 +355,12 @@ def test_replay_radix_on_mooncake_matches_sglang(tmp_path):
 
 
 def test_tree_scenarios_match_the_real_trees():
-    """§9 scenarios 1-14 and 0.5.23's tree rules, on the real trees and on kvsim's."""
+    """docs/engines/radix.md §9 scenarios 1-14 and 0.5.23's tree rules, on the real trees and on kvsim's."""
     import json
     import subprocess
     from pathlib import Path
 
-    from kvsim.cache.radix import RadixTree
+    from kvsim.cache.radix.tree import RadixTree
     from tests.oracle.sglang_tree_scenarios import scenarios
     from tests.oracle.sglang_workloads import oracle_python
 

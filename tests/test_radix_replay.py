@@ -7,7 +7,8 @@ import pytest
 from kvsim.errors import ConfigError
 from kvsim.io.trace import Trace
 from kvsim.replay.options import SimOptions
-from kvsim.replay.radix import radix_settings, replay_radix, sglang_chunked_prefill_size
+from kvsim.cache.radix.settings import RadixSettings, sglang_chunked_prefill_size
+from kvsim.replay.driver import replay
 from tests.oracle.sglang_workloads import make_workload
 
 
@@ -18,8 +19,8 @@ def trace() -> Trace:
 
 def test_engines_agree_and_result_fields(trace):
     opts = SimOptions(capacity_tokens=400, extra={"chunked_prefill_size": 64})
-    fast = replay_radix(trace, opts)
-    ref = replay_radix(trace, opts, engine="reference")
+    fast = replay("radix", trace, opts)
+    ref = replay("radix", trace, opts, implementation="reference")
     for col in ("cached_tokens", "rejected", "evictions", "evicted_tokens"):
         assert np.array_equal(getattr(fast, col), getattr(ref, col)), col
     assert fast.peak_used_tokens == ref.peak_used_tokens <= 400
@@ -37,28 +38,28 @@ def test_engines_agree_and_result_fields(trace):
 
 
 def test_unlimited_never_evicts(trace):
-    r = replay_radix(trace, SimOptions())
+    r = replay("radix", trace, SimOptions())
     assert r.capacity_tokens is None and r.evictions.sum() == 0 and not r.rejected.any()
     assert r.extra["tree"]["tokens"] == r.peak_used_tokens   # nothing freed, nothing running
 
 
 def test_rejected_prompt_changes_nothing_and_replay_goes_on():
     t = Trace.from_prompts([[1, 2, 3, 4], list(range(10, 40)), [1, 2, 3, 4, 5]], output_lengths=[2, 2, 2])
-    r = replay_radix(t, SimOptions(capacity_tokens=16))
+    r = replay("radix", t, SimOptions(capacity_tokens=16))
     assert list(r.rejected) == [False, True, False]
     assert list(r.cached_tokens) == [0, 0, 4]
 
 
 def test_page_size_and_capacity_units():
     t = Trace.from_prompts([list(range(40)), list(range(40)) + [7]], output_lengths=[3, 1])
-    r = replay_radix(t, SimOptions(page_size=16, capacity_tokens=1000))
+    r = replay("radix", t, SimOptions(page_size=16, capacity_tokens=1000))
     assert r.capacity_tokens == 992           # floored to whole pages
     assert list(r.cached_tokens) == [0, 32]   # 40 - 1 -> page-floored; the reply is not a full page
 
 
 def test_progress_reports_every_request(trace):
     seen = []
-    replay_radix(trace, SimOptions(capacity_tokens=500), progress=lambda done, total: seen.append((done, total)))
+    replay("radix", trace, SimOptions(capacity_tokens=500), progress=lambda done, total: seen.append((done, total)))
     assert seen[-1] == (len(trace), len(trace))
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
 
@@ -73,16 +74,16 @@ def test_progress_reports_every_request(trace):
 def test_bad_options_are_config_errors(trace, extra, message):
     opts = SimOptions(extra=extra, eviction_policy="tlru" if "tlru_threshold" in extra else "lru")
     with pytest.raises(ConfigError, match=message or "tlru"):
-        replay_radix(trace, opts)
+        replay("radix", trace, opts)
 
 
 def test_unknown_policy_and_tlru_config():
     with pytest.raises(ConfigError, match="unknown radix eviction policy"):
-        radix_settings(SimOptions(eviction_policy="random"))
+        RadixSettings.from_options(SimOptions(eviction_policy="random"))
     with pytest.raises(ConfigError, match="threshold"):
-        replay_radix(Trace.from_prompts([[1, 2]]), SimOptions(eviction_policy="tlru", extra={"tlru_threshold": 5,
+        replay("radix", Trace.from_prompts([[1, 2]]), SimOptions(eviction_policy="tlru", extra={"tlru_threshold": 5,
                                                               "tlru_next_prompt_estimate": 9}))
-    s = radix_settings(SimOptions(eviction_policy="SLRU", extra={"slru_protected_threshold": 4}))
+    s = RadixSettings.from_options(SimOptions(eviction_policy="SLRU", extra={"slru_protected_threshold": 4}))
     assert (s.eviction_policy, s.policy_config) == ("slru", {"protected_threshold": 4})
 
 
@@ -90,4 +91,4 @@ def test_chunked_prefill_default_follows_the_gpu():
     assert sglang_chunked_prefill_size(None) == 4096
     assert sglang_chunked_prefill_size("H100-80GB") == 8192
     assert sglang_chunked_prefill_size("B200") == 16384
-    assert radix_settings(SimOptions(gpu="L4", model="llama-3-8b")).chunked_prefill_size == 4096
+    assert RadixSettings.from_options(SimOptions(gpu="L4", model="llama-3-8b")).chunked_prefill_size == 4096

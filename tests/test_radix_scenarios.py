@@ -1,4 +1,4 @@
-"""The test scenarios of ``specs/sglang_radix.md §9``, with their exact numbers.
+"""The test scenarios of ``docs/engines/radix.md §9``, with their exact numbers.
 
 Every number here was confirmed against the real SGLang 0.5.23 code (``RadixCache`` and
 both cores of ``UnifiedRadixCache``) before it was written down: the tree-level ones
@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from kvsim.cache.base import Request
-from kvsim.cache.radix import RadixTree
-from kvsim.cache.radix_cache import RadixCacheModel
-from kvsim.cache.radix_fast import FastRadixEngine
+from kvsim.cache.radix.tree import RadixTree
+from kvsim.cache.radix.reference import RadixReference
+from kvsim.cache.radix.fast import RadixFast
+from kvsim.cache.radix.settings import RadixSettings
 
 FLAVORS = ["unified", "classic"]
 
@@ -226,11 +227,11 @@ def serve_all(reqs, engine="reference", **kw):
     """Serve (prompt, outputs) pairs one at a time; returns cached tokens and the model."""
     kw = {"capacity": 100_000, **kw}
     if engine == "reference":
-        m = RadixCacheModel(**kw)
+        m = RadixReference(RadixSettings(**kw))
         out = [m.serve(Request(str(i), np.array(p), np.array(o))) for i, (p, o) in enumerate(reqs)]
     else:
-        m = FastRadixEngine(**kw)
-        out = [m.serve(np.array(p + o, np.int64), len(p), len(o), None) for p, o in reqs]
+        m = RadixFast(RadixSettings(**kw))
+        out = [m.serve_tokens(np.array(p + o, np.int64), len(p), len(o), None) for p, o in reqs]
     return out, m
 
 
@@ -240,12 +241,12 @@ def engine(request):
 
 
 def paths(m):
-    return m.tree.paths() if isinstance(m, RadixCacheModel) else m.paths()
+    return m.tree.paths() if isinstance(m, RadixReference) else m.paths()
 
 
 def test_16_len_minus_one_and_the_next_turn(engine, flavor):
     out, m = serve_all([(P, [77, 78, 79, 80, 81]), (P, [5]), (P + [77, 78, 79, 80, 81, 90, 91, 92], [6])],
-                       engine, flavor=flavor)
+                       engine, tree=flavor)
     assert [o.cached_tokens for o in out] == [0, 9, 14]
 
 
@@ -253,12 +254,12 @@ def serve_starts(reqs, engine, **kw):
     """Serve (prompt, outputs, logprob_start_len) triples one at a time."""
     kw = {"capacity": 100_000, **kw}
     if engine == "reference":
-        m = RadixCacheModel(**kw)
+        m = RadixReference(RadixSettings(**kw))
         out = [m.serve(Request(str(i), np.array(p), np.array(o), logprob_start_len=s))
                for i, (p, o, s) in enumerate(reqs)]
     else:
-        m = FastRadixEngine(**kw)
-        out = [m.serve(np.array(p + o, np.int64), len(p), len(o), None, s) for p, o, s in reqs]
+        m = RadixFast(RadixSettings(**kw))
+        out = [m.serve_tokens(np.array(p + o, np.int64), len(p), len(o), None, s) for p, o, s in reqs]
     total = m.total_size if engine == "fast" else m.tree.total_size
     return out, total
 
@@ -266,7 +267,7 @@ def serve_starts(reqs, engine, **kw):
 def test_prompt_logprobs_match_nothing_but_still_insert(engine, flavor):
     """§2.1: a request with logprob_start_len 0 (prompt logprobs) matches nothing, is
     prefilled in full and still inserts; its duplicate KV is freed, the tree keeps 14."""
-    out, total = serve_starts([(P, [77, 78, 79, 80, 81], -1), (P, [5], 0), (P, [6], -1)], engine, flavor=flavor)
+    out, total = serve_starts([(P, [77, 78, 79, 80, 81], -1), (P, [5], 0), (P, [6], -1)], engine, tree=flavor)
     assert [o.cached_tokens for o in out] == [0, 0, 9] and total == 14 + 1 - 1
     assert not any(o.rejected for o in out)
 
@@ -277,20 +278,20 @@ def test_logprob_start_caps_the_match(engine, flavor, page, start, cached):
     """An explicit start s caps the match at min(len - 1, s), page-floored: a start
     inside a page loses the whole page; a start >= len - 1 adds no limit."""
     first, second = P + [11, 12], P + [11, 12, 13, 14]   # 12 tokens cached, 14-token prompt
-    out, _ = serve_starts([(first, [99], -1), (second, [5], start)], engine, flavor=flavor, page_size=page)
+    out, _ = serve_starts([(first, [99], -1), (second, [5], start)], engine, tree=flavor, page_size=page)
     assert out[1].cached_tokens == cached
 
 
 def test_logprob_start_past_the_prompt_is_refused(engine, flavor):
     """A start past the prompt's end: SGLang refuses the request (HTTP 400) and runs the
     one-token placeholder [0], which inserts [0] + its sampled token (overlap on)."""
-    out, total = serve_starts([(P, [5], -1), (P, [6, 7, 8], 11)], engine, flavor=flavor)
+    out, total = serve_starts([(P, [5], -1), (P, [6, 7, 8], 11)], engine, tree=flavor)
     assert [o.rejected for o in out] == [False, True] and out[1].cached_tokens == 0
     assert total == 10 + 2     # P, and the placeholder's [0, 6] (its wasted decode step)
 
 
 def test_17_fragmentation_from_len_minus_one(engine, flavor):
-    out, m = serve_all([(P, [77, 78, 79]), (P, [55, 56, 57])], engine, flavor=flavor)
+    out, m = serve_all([(P, [77, 78, 79]), (P, [55, 56, 57])], engine, tree=flavor)
     assert [o.cached_tokens for o in out] == [0, 9]
     assert paths(m) == [(9,), (9, 1), (9, 1, 2), (9, 1, 2)]
     total = m.total_size if engine == "fast" else m.tree.total_size
@@ -298,15 +299,15 @@ def test_17_fragmentation_from_len_minus_one(engine, flavor):
 
 
 def test_18_page_size_4_lifecycle(engine, flavor):
-    out, m = serve_all([(P, [77, 78, 79, 80, 81])], engine, flavor=flavor, page_size=4)
+    out, m = serve_all([(P, [77, 78, 79, 80, 81])], engine, tree=flavor, page_size=4)
     assert paths(m) == [(8,), (8, 4)]    # committed 14 -> 12 inserted, split at the prompt
     out2, _ = serve_all([(P, [77, 78, 79, 80, 81]), (P + [77, 78, 79, 80, 81, 90, 91], [1])], engine,
-                        flavor=flavor, page_size=4)
+                        tree=flavor, page_size=4)
     assert out2[1].cached_tokens == 12
 
 
 def test_19_chunked_prefill_node_boundaries(engine, flavor):
-    out, m = serve_all([(P, [1])], engine, flavor=flavor, chunked_prefill_size=4)
+    out, m = serve_all([(P, [1])], engine, tree=flavor, chunked_prefill_size=4)
     assert paths(m) == [(4,), (4, 4), (4, 4, 2)]
     assert out[0].cached_tokens == 0 and out[0].extend_tokens == 10   # #new-token 4 + 4 + 2
 
@@ -325,7 +326,7 @@ def test_25_multi_turn_two_clients(engine, flavor, overlap, finish, expect):
     """Sequential form of the round-barrier scenario. The overlap scheduler inserts one
     token more only for replies that end with a stop token: a finish by length is known
     in advance and its wasted decode step is skipped (0.5.23's skip-finishing-decode)."""
-    out, m = serve_all(ROUNDS, engine, flavor=flavor, overlap=overlap, finish_mode=finish)
+    out, m = serve_all(ROUNDS, engine, tree=flavor, overlap=overlap, finish=finish)
     cached = [o.cached_tokens for o in out]
     assert cached[2:] == expect
     assert sum(cached) / sum(len(p) for p, _ in ROUNDS) == pytest.approx(sum(expect) / 540)
@@ -336,9 +337,9 @@ def test_26_eviction_amount(engine, flavor, amount, freed):
     """Free 4, leaves X, Y, Z of 3 in LRU order, a 5-token allocation: 0.5.23 evicts the
     shortfall (X only); before PR #32016 SGLang asked for the whole need (X and Y)."""
     reqs = [([1, 2, 3], [9]), ([4, 5, 6], [9]), ([7, 8, 9], [9]), ([10, 11, 12, 13, 14], [9])]
-    out, m = serve_all(reqs, engine, flavor=flavor, capacity=13, eviction_amount=amount)
+    out, m = serve_all(reqs, engine, tree=flavor, capacity=13, eviction_amount=amount)
     assert [o.evicted_tokens for o in out] == [0, 0, 0, freed]
-    assert [o.evicted_leaves for o in out] == [0, 0, 0, freed // 3]
+    assert [o.evictions for o in out] == [0, 0, 0, freed // 3]
 
 
 # -- rules of 0.5.23's scheduler that random workloads rarely reveal --------------------
@@ -363,9 +364,9 @@ def overlap_workload():
 def test_waiting_prefix_refresh_every_32nd_pass(engine, flavor):
     """With LRU, every 32nd scheduling pass first matches the waiting request's whole
     prompt (SchedulePolicy._touch_waiting_prefixes): N is refreshed and a filler goes."""
-    out, _ = serve_all(refresh_workload(), engine, flavor=flavor, capacity=180)
+    out, _ = serve_all(refresh_workload(), engine, tree=flavor, capacity=180)
     assert out[-1].evicted_tokens == 5
-    out, _ = serve_all(refresh_workload(), engine, flavor=flavor, capacity=180, eviction_policy="lfu")
+    out, _ = serve_all(refresh_workload(), engine, tree=flavor, capacity=180, eviction_policy="lfu")
     assert out[-1].evicted_tokens == 10      # no refresh for other policies: N is evicted whole
 
 
@@ -374,7 +375,7 @@ def test_overlap_prepares_the_first_decode_before_the_prompt_checkpoint(engine, 
     """Overlap: the first decode slot is allocated (evicting the oldest leaf, N) before the
     prefill result inserts the prompt; without overlap the insert first finds N[0] in the
     tree, frees the request's duplicate slot, and the decode step needs no eviction."""
-    out, _ = serve_all(overlap_workload(), engine, flavor=flavor, capacity=186, overlap=overlap)
+    out, _ = serve_all(overlap_workload(), engine, tree=flavor, capacity=186, overlap=overlap)
     assert out[-1].evicted_tokens == evicted
 
 

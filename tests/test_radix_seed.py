@@ -11,9 +11,9 @@ import json
 import pytest
 
 import kvsim
-from kvsim.cache.tree_stats import format_tree
+from kvsim.cache.radix.stats import format_tree
 from kvsim.replay.options import SimOptions
-from kvsim.replay.radix import replay_radix_detailed
+from kvsim.replay.driver import replay_detailed
 
 SYSTEM = ("You are ReviewBot, an expert code reviewer. You review code written in Python, JavaScript "
           "and Go. Every finding names the problem, explains why it matters and shows a fix.")
@@ -48,7 +48,8 @@ def shared_prefix(a, b) -> int:
 
 def test_seed_tree_and_cached_tokens(trace, capsys):
     """root -> system prompt (A, B, C) -> A's branch (A, C) -> C's continuation; B's own branch."""
-    result, tree = replay_radix_detailed(trace, SimOptions())
+    result, engine = replay_detailed("radix", trace, SimOptions())
+    tree = engine.tree
     LA, LB, LC = (int(x) for x in trace.prompt_lengths)
     kA = int(trace.output_lengths[0])
     a, b, c = (trace.prompt(i) for i in range(3))
@@ -88,10 +89,10 @@ def test_seed_tree_and_cached_tokens(trace, capsys):
 
 def test_seed_cached_tokens_radix_vs_apc(trace):
     """The same trace through both models: APC caches whole 16-token blocks only."""
-    from kvsim.replay.apc import replay_apc
+    from kvsim.replay.driver import replay
 
-    radix, _ = replay_radix_detailed(trace, SimOptions())
-    apc = replay_apc(trace, SimOptions())
+    radix, _ = replay_detailed("radix", trace, SimOptions())
+    apc = replay("apc", trace, SimOptions())
     LA, kA = int(trace.prompt_lengths[0]), int(trace.output_lengths[0])
     s = shared_prefix(trace.prompt(0), trace.prompt(1))
     assert list(radix.cached_tokens) == [0, s, LA + kA - 1]

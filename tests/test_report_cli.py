@@ -134,7 +134,7 @@ def test_html_option_on_analyze_simulate_and_sweep(command, tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["-o", "{trace}"], "refusing to write over an input file"),
-    (["--capacity-tokens", "lots"], "--capacity-tokens"),
+    (["--capacity", "lots"], "--capacity: not a capacity"),
     (["--block-sizes", "16,x"], "--block-sizes"),
     (["--jobs", "0"], "--jobs"),
     (["--calibration", "{missing}"], "no such file"),

@@ -18,9 +18,8 @@ from sched_workloads import SchedMix, random_workload, with_stop_token
 
 from kvsim.errors import ConfigError
 from kvsim.io.trace import Trace
-from kvsim.replay.apc import replay_apc
+from kvsim.replay.driver import replay
 from kvsim.replay.options import SimOptions
-from kvsim.replay.radix import replay_radix
 from kvsim.sched.sglang_scheduler import SglangSchedSettings, replay_sglang_steps
 from kvsim.sched.vllm_scheduler import VllmSchedSettings, replay_vllm_steps
 
@@ -41,7 +40,7 @@ def test_vllm_steps_equal_sequential_when_arrivals_are_far_apart(asynchronous, b
     """Cached tokens and rejections equal the sequential APC replay, chunked or not."""
     w, trace, arrival = far_apart(1)
     blocks = int((-(-w.peak_tokens() // 16)).max()) + 1
-    seq = replay_apc(trace, SimOptions(num_gpu_blocks=blocks, block_size=16), engine="reference")
+    seq = replay("apc", trace, SimOptions(num_gpu_blocks=blocks, block_size=16), implementation="reference")
     steps = replay_vllm_steps(w.prompts, w.outputs, arrival, VllmSchedSettings(
         num_gpu_blocks=blocks, max_num_batched_tokens=budget, max_num_seqs=64, async_scheduling=asynchronous))
     np.testing.assert_array_equal(steps.rejected, seq.rejected)
@@ -57,7 +56,7 @@ def test_sglang_steps_equal_sequential_when_arrivals_are_far_apart(page, overlap
     cap = int(w.peak_tokens().max()) + 64
     cap -= cap % page
     extra = {"overlap": overlap, "chunked_prefill_size": 128, "finish": "stop" if stop else "length"}
-    seq = replay_radix(trace, SimOptions(max_total_tokens=cap, page_size=page, extra=extra), engine="reference")
+    seq = replay("radix", trace, SimOptions(max_total_tokens=cap, page_size=page, extra=extra), implementation="reference")
     steps = replay_sglang_steps(w.prompts, w.outputs, arrival, SglangSchedSettings(
         capacity=cap, page_size=page, overlap=overlap, chunked_prefill_size=128,
         finish="stop" if stop else "length"))
@@ -127,7 +126,7 @@ def test_sglang_settings_errors(bad):
 
 def test_ring_allocator_hands_out_the_same_pages_as_the_reference():
     """The adapter's numpy ring gives the same pages in the same order as SlotAllocator."""
-    from kvsim.cache.radix_cache import SlotAllocator
+    from kvsim.cache.radix.reference import SlotAllocator
     from kvsim.sched.sglang_cache import RingSlotAllocator
 
     rng = np.random.default_rng(0)

@@ -23,7 +23,7 @@ def server(tmp_path_factory):
 
 def test_2000_requests_from_32_clients(server):
     from kvsim import load_trace
-    from kvsim.replay.apc import replay_apc
+    from kvsim.replay.driver import replay
     from kvsim.replay.options import SimOptions
 
     systems = [f"You are assistant number {k} of the help desk. " * 20 for k in range(8)]
@@ -56,5 +56,5 @@ def test_2000_requests_from_32_clients(server):
     served = dict(answers)
     assert [served[i] for i in ids] == [line["kvsim"]["cached_tokens"] for line in lines]
     assert sum(served.values()) > 0
-    replay = replay_apc(load_trace(server.record), SimOptions(capacity_tokens=20000))
+    replay = replay("apc", load_trace(server.record), SimOptions(capacity_tokens=20000))
     assert replay.cached_tokens.tolist() == [served[i] for i in ids]

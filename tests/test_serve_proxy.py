@@ -93,12 +93,12 @@ def test_proxy_to_kvsim_agrees_on_every_request(pair, capsys):
 def test_proxy_record_replays_to_the_predictions(pair):
     """The proxy's record is a log like any other: simulate gives the predicted numbers."""
     from kvsim import load_trace
-    from kvsim.replay.apc import replay_apc
+    from kvsim.replay.driver import replay
     from kvsim.replay.options import SimOptions
 
     _, proxy = pair
     lines = read_record(proxy.record)
-    replay = replay_apc(load_trace(proxy.record), SimOptions())
+    replay = replay("apc", load_trace(proxy.record), SimOptions())
     assert replay.cached_tokens.tolist() == [line["kvsim"]["cached_tokens"] for line in lines]
 
 

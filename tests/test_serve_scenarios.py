@@ -4,7 +4,7 @@
 Every served ``cached_tokens`` is checked three ways: against what the scenario must show
 (growth turn by turn, sharing or isolation), against a first-principles oracle of an
 unlimited cache computed from the recorded token ids, and against ``kvsim simulate`` /
-``replay_apc`` / ``replay_radix`` replaying the record.
+``replay("apc"|"radix", ...)`` replaying the record.
 """
 from __future__ import annotations
 
@@ -254,9 +254,8 @@ def test_record_reproduces_served_numbers(server):
     request — through the library's replay, the CLI's simulate, and the oracle."""
     from kvsim import load_trace
     from kvsim.cli import run
-    from kvsim.replay.apc import replay_apc
+    from kvsim.replay.driver import replay
     from kvsim.replay.options import SimOptions
-    from kvsim.replay.radix import replay_radix
 
     lines = read_record(server.record)
     assert len(lines) >= 25
@@ -264,9 +263,9 @@ def test_record_reproduces_served_numbers(server):
     assert served.sum() > 0
     assert served.tolist() == unlimited_cache_oracle(lines, server.policy)
     trace = load_trace(server.record)
-    replay = replay_apc if server.policy == "apc" else replay_radix
-    assert replay(trace, SimOptions()).cached_tokens.tolist() == served.tolist()
-    assert replay(trace, SimOptions(), engine="reference").cached_tokens.tolist() == served.tolist()
+    assert replay(server.policy, trace, SimOptions()).cached_tokens.tolist() == served.tolist()
+    assert replay(server.policy, trace, SimOptions(), implementation="reference").cached_tokens.tolist() == \
+        served.tolist()
     out = server.record.parent / "per_request.jsonl"
     assert run(["simulate", str(server.record), "--policy", server.policy, "--per-request", str(out)]) == 0
     simulated = [json.loads(x)["cached_tokens"] for x in out.read_text().splitlines()]

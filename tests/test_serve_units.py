@@ -36,18 +36,19 @@ def test_apc_adapter_equals_replay(options, engine):
     """Request by request, the served cached_tokens are the sequential replay's; with a
     finite pool the whole final pool (free queue order, cache map) is the step-by-step
     reference replay's too, so decoding a lone request's tokens at once changes nothing."""
-    from kvsim.replay.apc import replay_apc, replay_apc_detailed
+    from kvsim.replay.driver import replay, replay_detailed
 
     trace = random_trace(7, Mix(n=500, block_size=options.block_size))
     engine = build_engine("apc", options, engine)
     served = _serve_all(engine, trace)
-    assert served == replay_apc(trace, options).cached_tokens.tolist()
+    assert served == replay("apc", trace, options).cached_tokens.tolist()
     pool = engine.cache.pool
     if options.capacity_tokens is None:
         assert pool.num_blocks > 1024       # the growth path ran
         assert pool.num_evicted == 0
     else:
-        result, final = replay_apc_detailed(trace, options, engine="reference")
+        result, cache = replay_detailed("apc", trace, options, implementation="reference")
+        final = cache.final_state()
         assert served == result.cached_tokens.tolist()
         assert pool.num_evicted > 0 and pool.num_evicted == int(result.evictions.sum())
         assert pool.free_block_ids() == final.free_queue
@@ -64,11 +65,11 @@ def test_apc_adapter_equals_replay(options, engine):
     SimOptions(capacity_tokens=3000, extra={"finish": "stop", "overlap": False}),
 ], ids=["finite", "unlimited", "page4-lfu", "stop-no-overlap"])
 def test_radix_adapter_equals_replay(options, engine):
-    from kvsim.replay.radix import replay_radix
+    from kvsim.replay.driver import replay
 
     trace = random_trace(11, Mix(n=400))
     served = _serve_all(build_engine("radix", options, engine), trace)
-    assert served == replay_radix(trace, options, engine="reference").cached_tokens.tolist()
+    assert served == replay("radix", trace, options, implementation="reference").cached_tokens.tolist()
 
 
 @pytest.mark.parametrize("kind", ["fast", "reference"])
@@ -200,7 +201,7 @@ def test_metric_names_are_the_engines_own():
 @pytest.mark.parametrize("args,problem", [
     (["--policy", "all"], "--policy must be apc or radix"),
     (["--finish", "never"], "--finish must be length or stop"),
-    (["--engine", "turbo"], "--engine must be fast or reference"),
+    (["--implementation", "turbo"], "--implementation must be fast or reference"),
     (["--port", "70000"], "--port must be in"),
     (["--record", "/nonexistent-dir/rec.jsonl"], "does not exist"),
     (["--capacity-tokens", "1000", "--max-model-len", "4096"], "does not fit the KV cache"),
@@ -222,8 +223,7 @@ def test_logprob_requests_as_each_engine_treats_them(tmp_path, policy):
     logprob_start_len and refuses a start past the prompt (yet runs a placeholder). The
     record replays to the same numbers, the refused request included."""
     from kvsim import load_trace
-    from kvsim.replay.apc import replay_apc
-    from kvsim.replay.radix import replay_radix
+    from kvsim.replay.driver import replay
     from kvsim.serve.config import ServeConfig
     from kvsim.serve.errors import ApiError
     from kvsim.serve.protocol import parse_request
@@ -258,8 +258,7 @@ def test_logprob_requests_as_each_engine_treats_them(tmp_path, policy):
     lines = read_lines(record)
     assert len(lines) == 6 and lines[2]["prompt_logprobs"] is True
     served = [line["kvsim"]["cached_tokens"] for line in lines]
-    replay = replay_apc if policy == "apc" else replay_radix
-    assert replay(load_trace(record), SimOptions()).cached_tokens.tolist() == served
+    assert replay(policy, load_trace(record), SimOptions()).cached_tokens.tolist() == served
 
 
 def read_lines(path):

@@ -53,7 +53,7 @@ def test_no_curve(log, capsys):
     (["-c", "1e5,-3"], "capacity must be"),
     (["-c", "20GiB"], "give --model"),
     (["-c", "1e5", "--block-size", "16,0"], "--block-size"),
-    (["-c", "1e5", "--eviction-policy", "lru,random"], "unknown policy"),
+    (["-c", "1e5", "--eviction", "lru,random"], "unknown eviction policy"),
     (["-c", "1e5", "--executor", "dask"], "--executor"),
     (["-c", "1e5", "--jobs", "0"], "--jobs"),
     (["-c", "1e5", "-p", "apc,nope"], "unknown policy"),

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from kvsim.io.trace import Trace
-from kvsim.replay.apc import replay_apc
+from kvsim.replay.driver import replay
 from kvsim.replay.metrics import summarize
 from kvsim.replay.options import SimOptions
 from kvsim.sweep import curve, curve_model
@@ -193,7 +193,7 @@ def test_block_lru_namespaces_never_share():
 def exact_rates(trace: Trace, block: int, capacities, engine_version=None):
     out = []
     for cap in capacities:
-        r = replay_apc(trace, SimOptions(capacity_tokens=cap, block_size=block, engine_version=engine_version))
+        r = replay("apc", trace, SimOptions(capacity_tokens=cap, block_size=block, engine_version=engine_version))
         s = summarize(r, trace)
         out.append((r.capacity_tokens, s["token_hit_rate"], s["rejected"]))
     return out
@@ -271,11 +271,11 @@ def test_warmup_mask_and_bad_policy():
 # -- radix: an approximation (whole-leaf eviction is not modelled) ------------------------
 
 def radix_exact(trace: Trace, page: int, capacities):
-    from kvsim.replay.radix import replay_radix
+    from kvsim.replay.driver import replay
 
     out = []
     for cap in capacities:
-        r = replay_radix(trace, SimOptions(capacity_tokens=cap, page_size=page))
+        r = replay("radix", trace, SimOptions(capacity_tokens=cap, page_size=page))
         s = summarize(r, trace)
         out.append((r.capacity_tokens, s["token_hit_rate"], s["rejected"]))
     return out

@@ -47,7 +47,7 @@ def test_int_lists_and_policies():
         with pytest.raises(ConfigError):
             parse_ints(bad, "--block-size")
     assert parse_eviction_policies("LRU,lfu,lru") == ["lru", "lfu"]
-    with pytest.raises(ConfigError, match="unknown policy"):
+    with pytest.raises(ConfigError, match="unknown eviction policy"):
         parse_eviction_policies("lru,random")
     assert parse_policies("apc") == ["apc"]
     with pytest.raises(ConfigError):

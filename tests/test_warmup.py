@@ -13,7 +13,7 @@ import pytest
 from kvsim.cli import run
 from kvsim.errors import ConfigError
 from kvsim.io.load import load_trace
-from kvsim.replay.apc import replay_apc
+from kvsim.replay.driver import replay
 from kvsim.replay.options import SimOptions
 from kvsim.sweep.curves import apc_curve
 from kvsim.warmup import Warmup, as_fraction, measured_mask, parse_warmup
@@ -63,7 +63,7 @@ def test_simulate_counts_only_the_measured_requests(tmp_path, capsys):
     assert data["warmup"] == {"fraction": None, "count": 40, "warmup_requests": 40}
     trace = load_trace(str(DEMO))
     mask = measured_mask(len(trace), 40)
-    plain = replay_apc(trace, SimOptions(capacity_tokens=6000))
+    plain = replay("apc", trace, SimOptions(capacity_tokens=6000))
     s = data["policies"]["apc"]["summary"]
     assert s["requests"] == 55 and s["warmup_requests"] == 40
     assert s["token_hit_rate"] == pytest.approx(_masked_hit_rate(plain, trace, mask))
@@ -82,7 +82,7 @@ def test_sweep_rows_curves_and_optimum_honour_the_window(tmp_path, capsys):
     trace = load_trace(str(DEMO))
     mask = measured_mask(len(trace), 0.5)
     for row in frame.to_dict(orient="records"):
-        plain = replay_apc(trace, SimOptions(capacity_tokens=row["capacity_tokens"]))
+        plain = replay("apc", trace, SimOptions(capacity_tokens=row["capacity_tokens"]))
         assert row["token_hit_rate"] == pytest.approx(_masked_hit_rate(plain, trace, mask))
         assert row["curve_hit_rate"] == pytest.approx(apc_curve(trace, 16, warmup=0.5).hit_rate(
             [row["capacity_tokens"]])[0])
@@ -101,7 +101,7 @@ def test_analyze_bounds_count_only_the_measured_requests(tmp_path):
     assert half["bound"]["prompt_tokens"] == int(trace.prompt_lengths[mask].sum())
     assert whole["bound"]["prompt_tokens"] == trace.num_prompt_tokens
     # the unlimited APC replay is the block-16 bound: the same with the window masked by hand
-    plain = replay_apc(trace, SimOptions(capacity_tokens=math.inf))
+    plain = replay("apc", trace, SimOptions(capacity_tokens=math.inf))
     assert half["bound"]["block16"] == pytest.approx(_masked_hit_rate(plain, trace, mask))
     assert half["settings"]["warmup"]["warmup_requests"] == 47
     assert any(n.startswith("warm-up: the first 47") for n in half["notes"])

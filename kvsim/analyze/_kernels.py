@@ -1,6 +1,9 @@
-"""Compiled inner loops of the analyzer (numba): 64-bit hashing, an open-addressing hash
-table, the two-level longest-earlier-prefix scan, sequence alignment and LRU stack
-distances. Everything here works on flat numpy arrays; the modules around it give the
+"""Compiled inner loops of the analyzer (numba): an open-addressing hash table, the
+two-level longest-earlier-prefix scan, sequence alignment and LRU stack distances. Prefix
+keys are APC's chained 64-bit hash (:mod:`kvsim.cache.apc.hashing`): a block's key from
+its parent's and its tokens, a partial block's from the same state after fewer tokens.
+Spans (a system message, an alignment window) get an unchained fingerprint (``step``),
+which also names the shared prefixes in the report. Everything here works on flat numpy arrays; the modules around it give the
 numbers their meaning.
 
 Hash tables are arrays ``keys`` (uint64, 0 = empty slot) and ``vals`` (int64), with a
@@ -13,88 +16,30 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from kvsim.cache.apc.hashing import block_end, block_start, block_token
+from kvsim.kernels.table import probe
+
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLD = np.uint64(0x9E3779B97F4A7C15)
 _K1 = np.uint64(0xD6E8FEB86659FD93)
 _K2 = np.uint64(0xA0761D6478BD642F)
-_S30 = np.uint64(30)
-_S27 = np.uint64(27)
-_S31 = np.uint64(31)
-_ONE = np.uint64(1)
-_ZERO = np.uint64(0)
-H0 = np.uint64(0x243F6A8885A308D3)  # start value of a block content hash
+H0 = np.uint64(0x243F6A8885A308D3)  # start value of a span fingerprint
 
 
 @nb.njit(inline="always")
 def mix64(x):
     """splitmix64 finalizer: a bijective 64-bit mixer."""
-    x = (x ^ (x >> _S30)) * _M1
-    x = (x ^ (x >> _S27)) * _M2
-    return x ^ (x >> _S31)
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
 
 
 @nb.njit(inline="always")
 def step(h, tok, t):
-    """Add token ``tok`` at position ``t`` of a block to the block's content hash.
-
-    A sum of independently mixed (token, position) terms: no serial dependency between
-    tokens, so the CPU pipelines it (a sum, not a XOR, so equal terms do not cancel)."""
+    """Add token ``tok`` at position ``t`` to a span fingerprint (an order-aware sum of
+    mixed terms; not a prefix key: those are APC's chained hash)."""
     return h + mix64(nb.uint64(nb.int64(tok)) * _K1 + nb.uint64(t) * _GOLD + _K2)
-
-
-@nb.njit(inline="always")
-def chain(parent, h):
-    """Key of a full block: its parent's key and its content hash (vLLM-style chaining)."""
-    k = mix64(parent * _K2 + h)
-    return k if k != _ZERO else _ONE
-
-
-@nb.njit(inline="always")
-def partial_key(parent, h, t):
-    """Key of the first t+1 tokens of a block under a parent block."""
-    k = mix64((parent ^ mix64(h + nb.uint64(t) * _GOLD)) * _K1 + _K2)
-    return k if k != _ZERO else _ONE
-
-
-@nb.njit(inline="always")
-def probe(keys, key):
-    """Slot holding ``key``, or the empty slot where it would go."""
-    mask = nb.uint64(len(keys) - 1)
-    s = (key * _GOLD) >> nb.uint64(20)
-    s = s & mask
-    while True:
-        k = keys[s]
-        if k == key or k == _ZERO:
-            return s
-        s = (s + _ONE) & mask
-
-
-@nb.njit(cache=True)
-def _rehash(keys, vals, new_keys, new_vals):
-    for s in range(len(keys)):
-        k = keys[s]
-        if k != _ZERO:
-            t = probe(new_keys, k)
-            new_keys[t] = k
-            new_vals[t] = vals[s]
-
-
-def new_table(capacity: int) -> tuple[np.ndarray, np.ndarray]:
-    cap = 1 << max(4, int(capacity - 1).bit_length())
-    return np.zeros(cap, np.uint64), np.zeros(cap, np.int64)
-
-
-def grow_table(keys: np.ndarray, vals: np.ndarray, need: int) -> tuple[np.ndarray, np.ndarray]:
-    """A table with room for ``need`` entries at load <= 1/2, holding the old entries."""
-    cap = len(keys)
-    while cap < 2 * need:
-        cap *= 2
-    if cap == len(keys):
-        return keys, vals
-    nk, nv = np.zeros(cap, np.uint64), np.zeros(cap, np.int64)
-    _rehash(keys, vals, nk, nv)
-    return nk, nv
 
 
 @nb.njit(inline="always")
@@ -130,16 +75,16 @@ def scan_blocks(tok, off, ext, eoff, root, G, start, stop, keys, vals, n_ids,
         k = 0
         src = -1
         for b in range(nfull):
-            h = H0
+            h = block_start(parent, 0, 0)
             base = b * G
             if base + G <= L:
                 o = off[i] + base
                 for t in range(G):
-                    h = step(h, tok[o + t], t)
+                    h = block_token(h, tok[o + t], t)
             else:
                 for t in range(G):
-                    h = step(h, _tok(tok, off, ext, eoff, i, L, base + t), t)
-            key = chain(parent, h)
+                    h = block_token(h, _tok(tok, off, ext, eoff, i, L, base + t), t)
+            key = block_end(h, G)
             s = probe(keys, key)
             if keys[s] == key:
                 vid = vals[s]
@@ -193,11 +138,11 @@ def scan_tokens(tok, off, ext, eoff, root, G, start, stop, keys, vals, n_ent,
         src = -1
         if k * G < L:
             parent = root[i] if k == 0 else id_key[ids_flat[blk_off[i] + k - 1]]
-            h = H0
+            h = block_start(parent, 0, 0)
             o = off[i] + k * G
             for t in range(min(G, L - k * G)):
-                h = step(h, tok[o + t], t)
-                pk = partial_key(parent, h, t)
+                h = block_token(h, tok[o + t], t)
+                pk = block_end(h, t + 1)
                 s = probe(keys, pk)
                 if keys[s] != pk:
                     break
@@ -209,10 +154,10 @@ def scan_tokens(tok, off, ext, eoff, root, G, start, stop, keys, vals, n_ent,
             if b > 0 and not is_qparent[ids_flat[blk_off[i] + b - 1]]:
                 continue
             parent = root[i] if b == 0 else id_key[ids_flat[blk_off[i] + b - 1]]
-            h = H0
+            h = block_start(parent, 0, 0)
             for t in range(min(G, S - b * G)):
-                h = step(h, _tok(tok, off, ext, eoff, i, L, b * G + t), t)
-                pk = partial_key(parent, h, t)
+                h = block_token(h, _tok(tok, off, ext, eoff, i, L, b * G + t), t)
+                pk = block_end(h, t + 1)
                 s = probe(keys, pk)
                 if keys[s] != pk:
                     keys[s] = pk
@@ -385,41 +330,3 @@ def pair_prefixes(tok, off, a_rows, ext_tok, ext_off, b_rows, b_use_ext, max_ski
         out[k, 2] = da
         out[k, 3] = db
         out[k, 4] = run
-
-
-@nb.njit(cache=True)
-def stack_distances(ids, num_ids):
-    """LRU stack distance of every access in ``ids`` (Mattson, with a Fenwick tree).
-
-    dist[t] = number of distinct ids accessed strictly between the previous access of
-    ids[t] and t; -1 for a first access.
-    """
-    m = len(ids)
-    tree = np.zeros(m + 1, np.int32)
-    last = np.full(num_ids, -1, np.int64)
-    dist = np.full(m, -1, np.int64)
-    for t in range(m):
-        x = ids[t]
-        p = last[x]
-        if p >= 0:
-            # ones in (p, t): positions holding the latest access of some id
-            s = 0
-            j = t  # prefix sum over positions [0, t-1] -> Fenwick index t
-            while j > 0:
-                s += tree[j]
-                j -= j & (-j)
-            j = p + 1
-            while j > 0:
-                s -= tree[j]
-                j -= j & (-j)
-            dist[t] = s
-            j = p + 1
-            while j <= m:
-                tree[j] -= 1
-                j += j & (-j)
-        j = t + 1
-        while j <= m:
-            tree[j] += 1
-            j += j & (-j)
-        last[x] = t
-    return dist

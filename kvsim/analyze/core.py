@@ -19,6 +19,7 @@ from kvsim.analyze.sessions import session_continuity
 from kvsim.analyze.shape import workload_shape
 from kvsim.analyze.upper_bound import hit_tokens, native_hash_bound, upper_bounds
 from kvsim.io.trace import Trace
+from kvsim.outputs import to_jsonable
 
 PROGRESS_MIN_TOKENS = 20_000_000  # show a progress bar above this many prompt tokens
 SECTIONS = ("shape", "bound", "upper_bound", "hash_native", "prefixes", "divergence", "sessions", "isolation",
@@ -48,7 +49,7 @@ class AnalysisReport:
         out = {name: getattr(self, name) for name in SECTIONS}
         out["settings"] = self.settings
         out["notes"] = self.notes
-        return _plain(out)
+        return to_jsonable(out)
 
 
 def bound_summary(reuse: np.ndarray, lengths: np.ndarray) -> dict[str, Any]:
@@ -213,30 +214,15 @@ def _progress(enabled: bool) -> Iterator[Callable[[str, int], Callable[[int], No
     if not enabled:
         yield lambda label, total: None
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    from kvsim.render.progress import Bars
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                  TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
+    with Bars("percent") as bars:
         def task(label: str, total: int) -> Callable[[int], None]:
-            tid = bar.add_task(f"analyze: {label}", total=total)
-            return lambda n: bar.advance(tid, n)
+            update, done = bars.task(f"analyze: {label}", total), [0]
+
+            def advance(n: int) -> None:
+                done[0] += n
+                update(done[0])
+            return advance
 
         yield task
-
-
-def _plain(value: Any) -> Any:
-    """numpy scalars/arrays -> Python, recursively (JSON-ready)."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.floating):
-        return float(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    return value

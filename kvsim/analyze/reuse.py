@@ -27,6 +27,7 @@ from typing import Callable
 import numpy as np
 
 from kvsim.analyze import _kernels as K
+from kvsim.kernels.table import grow_table, new_table
 from kvsim.io.trace import Trace
 
 G = 16  #: block granularity of level 1 (any finer block size is still exact: level 2 is per token)
@@ -72,8 +73,8 @@ def namespace_roots(trace: Trace, salt: bool = True, lora: bool = True) -> np.nd
     """Root key per request: requests share prefixes only under equal roots.
 
     vLLM puts the cache salt into block 0's extra keys and the LoRA name into every block
-    (specs/vllm_apc.md §1.3); SGLang's extra_key is cache_salt + lora id
-    (specs/sglang_radix.md §1.2). Either way a (salt, lora) pair is a separate namespace.
+    (docs/engines/apc.md §1.3); SGLang's extra_key is cache_salt + lora id
+    (docs/engines/radix.md §1.2). Either way a (salt, lora) pair is a separate namespace.
     """
     n = len(trace)
     s = (trace.cache_salt.astype(np.int64) + 1) if salt else np.zeros(n, np.int64)
@@ -130,7 +131,7 @@ def build_prefix_index(
     src1 = np.full(n, -1, np.int64)
 
     # level 1: full blocks
-    keys, vals = K.new_table(2 * max(8, min(total_blocks, _INITIAL_NODES)))
+    keys, vals = new_table(2 * max(8, min(total_blocks, _INITIAL_NODES)))
     id_cap = max(8, min(total_blocks, _INITIAL_NODES))
     id_key = np.zeros(id_cap, np.uint64)
     id_first = np.zeros(id_cap, np.int64)
@@ -143,7 +144,7 @@ def build_prefix_index(
                                      n_ids, id_key, id_first, id_parent, blk_off, ids, k_blocks, src1)
             if i < stop:
                 need = n_ids + int(seq_len[i] // G) + 1
-                keys, vals = K.grow_table(keys, vals, max(need, len(keys)))
+                keys, vals = grow_table(keys, vals, max(need, len(keys)))
                 if need > len(id_key):
                     new_cap = max(2 * len(id_key), need)
                     id_key, id_first, id_parent = (_resize(a, new_cap) for a in (id_key, id_first, id_parent))
@@ -158,7 +159,7 @@ def build_prefix_index(
     qp = k_blocks[has_query] > 0
     q_rows = np.flatnonzero(has_query)[qp]
     is_qparent[ids[blk_off[q_rows] + k_blocks[q_rows] - 1]] = True
-    keys, vals = K.new_table(_INITIAL_PARTIALS)
+    keys, vals = new_table(_INITIAL_PARTIALS)
     extra = np.zeros(n, np.int64)
     src2 = np.full(n, -1, np.int64)
     n_ent = 0
@@ -168,7 +169,7 @@ def build_prefix_index(
             i, n_ent = K.scan_tokens(tokens, offsets, ext_tokens, ext_offsets, root, G, i, stop, keys, vals,
                                      n_ent, k_blocks, ids, blk_off, id_key, is_qparent, extra, src2)
             if i < stop:
-                keys, vals = K.grow_table(keys, vals, 2 * len(keys))
+                keys, vals = grow_table(keys, vals, 2 * len(keys))
         if progress is not None:
             progress(int(offsets[stop] - offsets[start]) - int(offsets[stop] - offsets[start]) // 2)
     reuse = k_blocks * G + extra

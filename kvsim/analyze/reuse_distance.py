@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.analyze import _kernels as K
 from kvsim.analyze.reuse import PrefixIndex
+from kvsim.kernels.stack import stack_distances
 
 TARGETS = (50, 80, 90, 99)
 CURVE = (1e4, 1e5, 1e6, 1e7, 5e7, 1e8, 1e9)
@@ -41,7 +41,7 @@ def reuse_distance(index: PrefixIndex, block: int, prompt_tokens: int,
                    kv_bytes_per_token: int | None = None) -> dict[str, Any]:
     """Distance distribution and the LRU capacity for 50/80/90/99% of the block hits."""
     ids, in_prompt = block_accesses(index, block)
-    dist = K.stack_distances(ids, index.num_nodes) if len(ids) else np.zeros(0, np.int64)
+    dist = stack_distances(ids, index.num_nodes) if len(ids) else np.zeros(0, np.int64)
     hits = dist[in_prompt & (dist >= 0)]
     out: dict[str, Any] = {"block_size": block, "accesses": int(len(ids)), "hit_blocks": int(len(hits)),
                            "hit_tokens": int(len(hits) * block)}

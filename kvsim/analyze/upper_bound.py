@@ -4,8 +4,8 @@
   page size 1 can reuse all of them);
 - block size B, full blocks only (APC never caches a partial block): ``floor(r/B)*B``;
 - the one-token-recompute rule: an engine must compute at least the last prompt token,
-  so APC matches at most ``floor((L-1)/B)`` blocks (specs/vllm_apc.md §2.2) and SGLang
-  at most ``L-1`` tokens, paged ``floor((L-1)/p)*p`` (specs/sglang_radix.md §2.1);
+  so APC matches at most ``floor((L-1)/B)`` blocks (docs/engines/apc.md §2.2) and SGLang
+  at most ``L-1`` tokens, paged ``floor((L-1)/p)*p`` (docs/engines/radix.md §2.1);
 - hash-id traces at their own block size: whole ids, the partial last block counted at
   its real length when it has an id (Mooncake) - the convention of the trace's authors.
 
@@ -18,11 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from kvsim.cache.apc.rules import lookup_cap_blocks
+
 
 def hit_tokens(reuse: np.ndarray, lengths: np.ndarray, block: int = 1, recompute: bool = False) -> np.ndarray:
     """Per-request reusable tokens at a block size (1 = token granularity)."""
-    if recompute:
-        cap = np.maximum(lengths - 1, 0) // block
+    if recompute:   # the engines' lookup cap (kvsim.cache.apc.rules; radix: L - 1 at block 1)
+        cap = np.maximum(lookup_cap_blocks(lengths, block), 0)
         return np.minimum(reuse // block, cap) * block
     return reuse // block * block
 

@@ -1,43 +1,75 @@
-"""Policy registry: a policy name maps to the function that replays a trace through it.
+"""The cache designs kvsim models, by name: ``apc`` (vLLM Automatic Prefix Caching) and
+``radix`` (SGLang RadixAttention).
 
-Adding a policy is one module with a ``replay_*(trace, options, progress=None)`` function
-and one line here.
+Each entry says where the design's parts live: its settings type, its two
+implementations (``reference``: the readable model; ``fast``: the engine replays use,
+tested equal to the reference) and the function that reports a replay's figures. A new
+design is one package under ``kvsim/cache/`` and one entry here. Everything is loaded
+lazily (the fast engines compile on first use); nothing here imports from above
+``kvsim.cache``.
 """
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from kvsim.errors import ConfigError
 
-_POLICIES: dict[str, str] = {
-    "apc": "kvsim.replay.apc:replay_apc",        # vLLM Automatic Prefix Caching
-    "radix": "kvsim.replay.radix:replay_radix",  # SGLang RadixAttention
+#: the two implementations of every design
+IMPLEMENTATIONS = ("fast", "reference")
+
+
+@dataclass(frozen=True)
+class Design:
+    """Where one cache design's parts live (``module:name`` strings, loaded on use)."""
+
+    name: str
+    label: str           # how reports name it
+    settings: str        # typed settings with ``from_options(SimOptions)``
+    reference: str       # the readable model (a ``SequentialCache``; stepwise ``PrefixCache``)
+    fast: str            # the fast engine (a ``SequentialCache``)
+    report: str          # replay_report(settings, implementation, cache, work, columns)
+    extra_keys: str      # the ``SimOptions.extra`` keys its settings read
+
+    def load(self, part: str) -> Any:
+        module, attr = getattr(self, part).split(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def settings_type(self) -> type:
+        return self.load("settings")
+
+    def implementation(self, implementation: str) -> type:
+        """The engine class of ``implementation`` ("fast" or "reference")."""
+        if implementation not in IMPLEMENTATIONS:
+            raise ConfigError(f"unknown implementation {implementation!r} of the {self.name} engine; "
+                              f"choose one of {', '.join(IMPLEMENTATIONS)}")
+        return self.load(implementation)
+
+    def reporter(self) -> Callable:
+        return self.load("report")
+
+
+DESIGNS: dict[str, Design] = {
+    "apc": Design("apc", "vLLM APC", "kvsim.cache.apc.settings:APCSettings",
+                  "kvsim.cache.apc.reference:APCReference", "kvsim.cache.apc.fast:APCFast",
+                  "kvsim.cache.apc.metrics:replay_report", "kvsim.cache.apc.settings:EXTRA_KEYS"),
+    "radix": Design("radix", "SGLang radix", "kvsim.cache.radix.settings:RadixSettings",
+                    "kvsim.cache.radix.reference:RadixReference", "kvsim.cache.radix.fast:RadixFast",
+                    "kvsim.cache.radix.stats:replay_report", "kvsim.cache.radix.settings:EXTRA_KEYS"),
 }
 
 
-class Replayer(Protocol):
-    def __call__(self, trace, options, progress=None): ...
-
-
 def policy_names() -> list[str]:
-    """Policies whose implementation is present."""
-    names = []
-    for name, target in _POLICIES.items():
-        module = target.split(":")[0]
-        if importlib.util.find_spec(module) is not None:
-            names.append(name)
-    return names
+    """The cache designs (``--policy`` values), in order."""
+    return list(DESIGNS)
 
 
-def get_replayer(name: str) -> Callable:
-    """The replay function of a policy, or a clear error."""
-    if name not in _POLICIES:
-        raise ConfigError(f"unknown policy {name!r}; choose from {', '.join(_POLICIES)} or 'all'")
-    module, func = _POLICIES[name].split(":")
-    if importlib.util.find_spec(module) is None:
-        raise ConfigError(f"policy {name!r} is not available in this build")
-    return getattr(importlib.import_module(module), func)
+def get_design(name: str) -> Design:
+    """The design called ``name``, or a clear error."""
+    if name not in DESIGNS:
+        raise ConfigError(f"unknown policy {name!r}; choose from {', '.join(DESIGNS)} or 'all'")
+    return DESIGNS[name]
 
 
 def resolve_policies(spec: str) -> list[str]:
@@ -46,5 +78,10 @@ def resolve_policies(spec: str) -> list[str]:
         return policy_names()
     names = [s.strip() for s in spec.split(",") if s.strip()]
     for n in names:
-        get_replayer(n)
+        get_design(n)
     return names
+
+
+def extra_keys() -> tuple[str, ...]:
+    """The ``SimOptions.extra`` keys some design reads."""
+    return tuple(k for d in DESIGNS.values() for k in d.load("extra_keys"))

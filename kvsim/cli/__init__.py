@@ -36,7 +36,11 @@ def _usage_error_types() -> tuple[type[BaseException], ...]:
 
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI with ``argv`` and return the exit code (used by ``main`` and tests)."""
+    from kvsim.cli.aliases import apply_aliases
+
     command = typer.main.get_command(app)
+    argv = apply_aliases(list(sys.argv[1:] if argv is None else argv),
+                         lambda line: err_console.print(line, highlight=False, markup=False, soft_wrap=True))
     try:
         rv = command.main(args=argv, prog_name="kvsim", standalone_mode=False)
     except typer.Exit as e:

@@ -56,7 +56,7 @@ def analyze(
     from kvsim.analyze import AnalyzeOptions
     from kvsim.analyze import analyze as run_analysis
     from kvsim.analyze.options import parse_block_sizes
-    from kvsim.analyze.render import render_report
+    from kvsim.render.analyze import render_report
     from kvsim.outputs import check_output_path
 
     from kvsim.warmup import parse_warmup

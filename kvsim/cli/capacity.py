@@ -29,22 +29,14 @@ def capacity(
                                                      show_default=False)] = None,
 ) -> None:
     """Print KV bytes per token (exact) and the KV capacity vLLM and SGLang would get (estimated)."""
-    from rich.table import Table
-
     from kvsim.capacity import capacity_report
+    from kvsim.render.capacity import render_capacity
 
     report = capacity_report(model, gpu=gpu, kv_cache_memory=kv_cache_memory, tp=tp, block_size=block_size,
                              page_size=page_size, kv_cache_dtype=kv_cache_dtype,
                              gpu_memory_utilization=gpu_memory_utilization,
                              mem_fraction_static=mem_fraction_static)
-    table = Table(title=f"KV capacity: {report['model']}" + (f" on {report['gpu']}" if report["gpu"] else ""),
-                  title_justify="left")
-    table.add_column("")
-    table.add_column("value", justify="right")
-    table.add_column("", style="dim")
-    for label, value, note in report["rows"]:
-        table.add_row(label, value, note)
-    console.print(table)
+    render_capacity(console, report)
     if json_out is not None:
         from kvsim.outputs import check_output_path, write_json
 

@@ -9,8 +9,11 @@ import typer
 
 from kvsim.cli.app import app, console, err_console
 from kvsim.cli.options import (
+    DEFAULT,
+    BlockSizeOpt,
     FormatOpt,
     OnErrorOpt,
+    PageSizeOpt,
     TemplateOpt,
     TokenizerOpt,
     TraceBlockOpt,
@@ -52,12 +55,11 @@ def gpu_validate(
     tolerance: Annotated[float | None, typer.Option(
         "--tolerance", help="Relative error allowed between reuse and full prefill (default: 1e-4 float32, "
         "1e-2 float16, 3e-2 bfloat16).", rich_help_panel=_RUN, show_default=False)] = None,
-    capacity_tokens: Annotated[str | None, typer.Option(
-        "--capacity-tokens", help="Usable KV capacity in tokens (default: unlimited for the slice).",
+    capacity: Annotated[str | None, typer.Option(
+        "--capacity", "-c", help="Usable KV capacity in tokens, or 'inf' (default: unlimited for the slice).",
         rich_help_panel=_CAP, show_default=False)] = None,
-    block_size: Annotated[int, typer.Option("--block-size", help="APC block size (1, 16, 32, 64, ...).",
-                                            rich_help_panel=_CAP)] = 16,
-    page_size: Annotated[int, typer.Option("--page-size", help="Radix page size.", rich_help_panel=_CAP)] = 1,
+    block_size: BlockSizeOpt = DEFAULT["block_size"],
+    page_size: PageSizeOpt = DEFAULT["page_size"],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the JSON results, report and figures.",
                                       rich_help_panel=_OUT)] = Path("out/gpu-validate"),
     calibration_out: Annotated[Path | None, typer.Option(
@@ -93,7 +95,7 @@ def gpu_validate(
         raise KvsimError(f"no log given and the bundled trace {DEFAULT_TRACE} is missing; pass a LOG path")
     if policy not in ("apc", "radix"):
         raise ConfigError(f"--policy must be apc or radix, got {policy!r}")
-    sim = SimOptions(capacity_tokens=parse_capacity_tokens(capacity_tokens), block_size=block_size,
+    sim = SimOptions(capacity_tokens=parse_capacity_tokens(capacity), block_size=block_size,
                      page_size=page_size)
     if out.exists() and not out.is_dir():
         raise KvsimError(f"{out}: exists and is not a directory")
@@ -119,81 +121,13 @@ def gpu_validate(
         result.calibration.save(calib_path)
         written.append(calib_path)
     if not no_report:
-        from kvsim.gpu.report import write_report
+        from kvsim.report.gpu import write_gpu_page
 
-        written += write_report(result, out)
-    render(result)
+        written += write_gpu_page(result, out)
+    from kvsim.render.gpu_validate import render_validation
+
+    render_validation(console, result)
     for path in written:
         console.print(f"[dim]wrote {path}[/]")
     if not result.ok:
         raise typer.Exit(1)
-
-
-def render(result) -> None:
-    """Per-request table, then the summary (what the GPU script prints last)."""
-    from rich.table import Table
-
-    cfg = result.config
-    t = Table(caption="sim: cached tokens the simulator predicts; cached: tokens skipped here; error: largest "
-                      "relative error of reuse vs full prefill (logits, K/V)", caption_justify="left", title=f"gpu-validate: {cfg['policy']} on {cfg['model']} ({cfg['dtype']}, {cfg['attention']}, "
-                    f"{cfg['device_name']})", title_justify="left")
-    for col in ("req", "prompt", "sim", "cached", "error", "full ms", "reuse ms", "saved", "ok"):
-        t.add_column(col, justify="right", no_wrap=True)
-    for c in result.checks:
-        if c.rejected:
-            t.add_row(str(c.index), str(c.prompt_tokens), str(c.predicted_cached), "-", "-", "-", "-", "-",
-                      "rejected" if c.ok else "[red]FAIL[/]")
-            continue
-        err = max(c.logits_rel_err, c.kv_cached_rel_err or 0.0, c.kv_new_rel_err or 0.0)
-        saved = 100 * (1 - c.t_reuse_s / c.t_full_s) if c.t_full_s else 0.0
-        t.add_row(str(c.index), str(c.prompt_tokens), str(c.predicted_cached), str(c.cached_tokens),
-                  f"{err:.0e}", f"{c.t_full_s * 1e3:.3g}", f"{c.t_reuse_s * 1e3:.3g}",
-                  f"{saved:.0f}%", "ok" if c.ok else "[red]FAIL[/]")
-    console.print(t)
-    for c in result.checks:
-        if c.problem:
-            console.print(f"[red]request {c.index} ({c.request_id}):[/] {c.problem}", highlight=False)
-    s = result.summary()
-    lines = [
-        (f"correctness: {s['validated'] - s['mismatches']}/{s['validated']} requests match a full prefill "
-         f"(max logits err {_g(s['max_logits_rel_err'])}, max K/V err {_g(s['max_kv_rel_err'])}, "
-         f"tolerance {s['tolerance']:g})"),
-    ]
-    if result.control:
-        ctl = result.control
-        lines.append(f"negative controls: stale page err {ctl['stale_page_rel_err']:.3g}, RoPE offset err "
-                     f"{ctl['rope_offset_rel_err']:.3g} -> {'detected' if ctl['detected'] else '[red]NOT detected[/]'}")
-    if s["cached_tokens_differ_from_simulator"]:
-        lines.append(f"[red]{s['cached_tokens_differ_from_simulator']} request(s) cached a different number of "
-                     "tokens than the simulator predicted[/]")
-    if "measured_saving_share" in s:
-        lines.append(f"prefill time: full {s['measured_full_s'] * 1e3:.1f} ms, with reuse "
-                     f"{s['measured_reuse_s'] * 1e3:.1f} ms -> measured saving {_pct(s['measured_saving_share'])}; "
-                     f"predicted ({s['predicted_saving_model']}) {_pct(s['predicted_saving_share'])}, "
-                     f"relative error {_pct(s.get('predicted_saving_rel_err'))}")
-    if "roofline_full_s" in s:
-        lines.append(f"roofline: full {s['roofline_full_s'] * 1e3:.1f} ms, reuse {s['roofline_reuse_s'] * 1e3:.1f} ms "
-                     f"(measured/roofline {s['measured_full_s'] / s['roofline_full_s']:.2f}x for full prefills)")
-    if "kernel_flops_per_s" in s:
-        extra = ""
-        if "kernel_flops_share_of_peak" in s:
-            extra = (f" = {_pct(s['kernel_flops_share_of_peak'])} of peak FLOP/s, "
-                     f"{_pct(s['kernel_bandwidth_share_of_peak'])} of peak bandwidth")
-        lines.append(f"attention kernel: {s['kernel_flops_per_s'] / 1e12:.3g} TFLOP/s, "
-                     f"{s['kernel_bytes_per_s'] / 1e9:.3g} GB/s{extra}")
-    if result.calibration is not None:
-        cal = result.calibration
-        lines.append(f"calibration: fixed {cal.fixed_s * 1e3:.3g} ms + {cal.per_token_s * 1e6:.3g} us/token + "
-                     f"{cal.per_context_token_s * 1e9:.3g} ns/(token x context token); "
-                     f"fit r2 {_g(cal.fit.get('r2'))}, rms rel err {_pct(cal.fit.get('rms_relative_error'))}")
-    lines.append("[bold green]PASS[/]" if result.ok else "[bold red]FAIL[/]")
-    for line in lines:
-        console.print(line, highlight=False)
-
-
-def _g(v) -> str:
-    return "-" if v is None else f"{v:.3g}"
-
-
-def _pct(v) -> str:
-    return "-" if v is None else f"{100 * v:.1f}%"

@@ -26,8 +26,9 @@ def inspect(
     force: Annotated[bool, typer.Option("--force", help="Overwrite the --export file if it exists.")] = False,
 ) -> None:
     """Show what was read from each log: format, requests, tokens, sessions, tenants, adapters."""
-    from kvsim.io.export import check_output_path, write_tokens_jsonl
-    from kvsim.io.summary import summary_table
+    from kvsim.io.export import write_tokens_jsonl
+    from kvsim.outputs import check_output_path
+    from kvsim.render.inspect import summary_table
 
     if export is not None:  # fail before reading anything
         check_output_path(export, logs, force)

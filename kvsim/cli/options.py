@@ -81,13 +81,35 @@ def load_from_cli(
                           highlight=False, markup=False, soft_wrap=True)
     return trace
 
-# -- capacity and engine settings (simulate, report) -------------------------------------
-_CAP = "Capacity (one of)"
+# -- capacity and engine settings (simulate, report, sweep, gpu-validate) ------------------
+# One name and one meaning per option in every command; a command that sweeps a setting
+# takes a comma list. Defaults come from the library's own (SimOptions, the settings types).
+_CAP = "Capacity"
 _ENG = "Engine settings"
 
-CapacityTokensOpt = Annotated[Optional[str], typer.Option(
-    "--capacity-tokens", help="Usable KV capacity in tokens, or 'inf' for the unlimited upper bound.",
-    rich_help_panel=_CAP, show_default=False)]
+
+def _defaults() -> dict:
+    from dataclasses import fields
+
+    from kvsim.cache.radix.settings import RadixSettings
+    from kvsim.replay.options import SimOptions
+
+    out = {f.name: f.default for f in fields(SimOptions) if f.name != "extra"}
+    out.update({f"radix_{f.name}": f.default for f in fields(RadixSettings) if f.name != "policy_config"})
+    return out
+
+
+#: the defaults of every engine setting, read from SimOptions and RadixSettings
+DEFAULT = _defaults()
+
+PolicyOpt = Annotated[str, typer.Option(
+    "--policy", "-p", help="Cache design: apc (vLLM APC), radix (SGLang RadixAttention), a comma list, or all.")]
+CapacityOpt = Annotated[Optional[str], typer.Option(
+    "--capacity", "-c", help="Usable KV capacity: tokens (250000, 1e6), 'inf' for the unlimited upper bound, or "
+    "memory such as 20GiB (needs --model).", rich_help_panel=_CAP, show_default=False)]
+CapacityListOpt = Annotated[str, typer.Option(
+    "--capacity", "-c", help="Usable KV capacities, a comma list: tokens (1e4,1e5,250000), 'inf', or memory "
+    "such as 20GiB (needs --model).", rich_help_panel=_CAP)]
 NumGpuBlocksOpt = Annotated[Optional[int], typer.Option(
     "--num-gpu-blocks", help="vLLM's num_gpu_blocks (the reserved null block included).",
     rich_help_panel=_CAP, show_default=False)]
@@ -108,43 +130,61 @@ MemFractionOpt = Annotated[Optional[float], typer.Option(
     "--mem-fraction-static", help="SGLang's setting, used with --gpu (default: SGLang's own default).",
     rich_help_panel=_CAP, show_default=False)]
 BlockSizeOpt = Annotated[int, typer.Option("--block-size", help="APC block size (tokens).", rich_help_panel=_ENG)]
+BlockSizeListOpt = Annotated[str, typer.Option("--block-size", help="APC block sizes (tokens), a comma list.",
+                                               rich_help_panel=_ENG)]
 PageSizeOpt = Annotated[int, typer.Option("--page-size", help="Radix page size (tokens).", rich_help_panel=_ENG)]
-EvictionPolicyOpt = Annotated[str, typer.Option(
-    "--eviction-policy", help="Radix eviction policy (lru, lfu, fifo, mru, filo, priority, slru, tlru).",
-    rich_help_panel=_ENG)]
+PageSizeListOpt = Annotated[str, typer.Option("--page-size", help="Radix page sizes (tokens), a comma list.",
+                                              rich_help_panel=_ENG)]
+_EVICTIONS = "lru, lfu, fifo, mru, filo, priority, slru, tlru"
+EvictionOpt = Annotated[str, typer.Option(
+    "--eviction", help=f"Radix eviction policy ({_EVICTIONS}).", rich_help_panel=_ENG)]
+EvictionListOpt = Annotated[str, typer.Option(
+    "--eviction", help=f"Radix eviction policies ({_EVICTIONS}), a comma list.", rich_help_panel=_ENG)]
 EngineVersionOpt = Annotated[Optional[str], typer.Option(
     "--engine-version", help="vLLM behaviour profile: 0.33 (default) or 0.11.", rich_help_panel=_ENG,
     show_default=False)]
 
 
 def parse_capacity_tokens(text: str | None) -> float | None:
-    """'inf', '1e6', '250000' -> tokens (a float, so that inf is allowed)."""
+    """A capacity in tokens: 'inf', '1e6', '250000' (a float, so that inf is allowed)."""
     from kvsim.errors import ConfigError
+    from kvsim.sweep.grid import parse_capacity
 
     if text is None:
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"--capacity-tokens must be a number of tokens or 'inf', got {text!r}") from None
-    if not value > 0:
-        raise ConfigError(f"--capacity-tokens must be positive, got {text!r}")
-    return value
+    cap = parse_capacity(text, model="")   # any model: a memory size is refused just below
+    if cap.tokens is None:
+        raise ConfigError(f"--capacity must be a number of tokens or 'inf' here, got {text!r}")
+    return cap.tokens
 
 
-def sim_options(capacity_tokens: str | None = None, num_gpu_blocks: int | None = None,
+def sim_options(capacity: str | None = None, num_gpu_blocks: int | None = None,
                 max_total_tokens: int | None = None, kv_cache_memory: str | None = None, model: str | None = None,
-                gpu: str | None = None, gpu_memory_utilization: float = 0.9,
+                gpu: str | None = None, gpu_memory_utilization: float = DEFAULT["gpu_memory_utilization"],
                 mem_fraction_static: float | None = None, **settings):
-    """SimOptions from the shared capacity options (strings parsed, bad values -> ConfigError)."""
+    """SimOptions from the shared capacity options (strings parsed, bad values -> ConfigError).
+
+    ``capacity`` is tokens, 'inf', or a memory size (as ``--kv-cache-memory``, needs a model).
+    """
+    from kvsim.errors import ConfigError
     from kvsim.models import get_model, parse_bytes
     from kvsim.replay.options import SimOptions
+    from kvsim.sweep.grid import parse_capacity
 
     if model is not None:
         get_model(model)  # a bad name fails before any log is read
+    memory = None if kv_cache_memory is None else parse_bytes(kv_cache_memory)
+    tokens = None
+    if capacity is not None:
+        try:
+            cap = parse_capacity(capacity, model)
+        except ConfigError as e:
+            raise ConfigError(f"--capacity: {e}") from None
+        if cap.memory_bytes is not None and memory is not None:
+            raise ConfigError("give the KV memory once: --capacity 20GiB or --kv-cache-memory 20GiB")
+        tokens = cap.tokens
+        memory = cap.memory_bytes if cap.memory_bytes is not None else memory
     return SimOptions(
-        capacity_tokens=parse_capacity_tokens(capacity_tokens), num_gpu_blocks=num_gpu_blocks,
-        max_total_tokens=max_total_tokens,
-        kv_cache_memory=None if kv_cache_memory is None else parse_bytes(kv_cache_memory),
-        model=model, gpu=gpu, gpu_memory_utilization=gpu_memory_utilization,
+        capacity_tokens=tokens, num_gpu_blocks=num_gpu_blocks, max_total_tokens=max_total_tokens,
+        kv_cache_memory=memory, model=model, gpu=gpu, gpu_memory_utilization=gpu_memory_utilization,
         mem_fraction_static=mem_fraction_static, **settings)

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from kvsim.cli.app import app, console, err_console
-from kvsim.cli.options import (BlockSizeOpt, CapacityTokensOpt, EngineVersionOpt, EvictionPolicyOpt, FormatOpt,
+from kvsim.cli.options import (DEFAULT, BlockSizeOpt, CapacityOpt, EngineVersionOpt, EvictionOpt, FormatOpt,
                                GpuOpt, GpuUtilOpt, KvCacheMemoryOpt, LimitOpt, LogPaths, MaxTotalTokensOpt,
                                MemFractionOpt, ModelOpt, NumGpuBlocksOpt, OnErrorOpt, PageSizeOpt, ShowTextOpt,
                                TemplateOpt, TokenizerOpt, TraceBlockOpt, WarmupOpt, load_from_cli, sim_options)
@@ -43,17 +43,17 @@ def report(
     png_dir: Annotated[Optional[Path], typer.Option(
         "--png-dir", help="Write the PNG charts into this folder (default: next to the HTML file, named "
         "<name>_<chart>.png).", rich_help_panel=_OUT, show_default=False)] = None,
-    capacity_tokens: CapacityTokensOpt = None,
+    capacity: CapacityOpt = None,
     num_gpu_blocks: NumGpuBlocksOpt = None,
     max_total_tokens: MaxTotalTokensOpt = None,
     kv_cache_memory: KvCacheMemoryOpt = None,
     model: ModelOpt = None,
     gpu: GpuOpt = None,
-    gpu_memory_utilization: GpuUtilOpt = 0.9,
+    gpu_memory_utilization: GpuUtilOpt = DEFAULT["gpu_memory_utilization"],
     mem_fraction_static: MemFractionOpt = None,
-    block_size: BlockSizeOpt = 16,
-    page_size: PageSizeOpt = 1,
-    eviction_policy: EvictionPolicyOpt = "lru",
+    block_size: BlockSizeOpt = DEFAULT["block_size"],
+    page_size: PageSizeOpt = DEFAULT["page_size"],
+    eviction: EvictionOpt = DEFAULT["eviction_policy"],
     engine_version: EngineVersionOpt = None,
     block_sizes: Annotated[str, typer.Option("--block-sizes", help="Block and page sizes of the block-size chart.",
                                              rich_help_panel=_ENG)] = "16,32,64,128,256,512",
@@ -104,9 +104,9 @@ def report(
     window = parse_warmup(warmup)
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {jobs}")
-    sim = sim_options(capacity_tokens, num_gpu_blocks, max_total_tokens, kv_cache_memory, model, gpu,
+    sim = sim_options(capacity, num_gpu_blocks, max_total_tokens, kv_cache_memory, model, gpu,
                       gpu_memory_utilization, mem_fraction_static, block_size=block_size, page_size=page_size,
-                      eviction_policy=eviction_policy, engine_version=engine_version)
+                      eviction_policy=eviction, engine_version=engine_version)
     calib = None
     if calibration is not None:
         from kvsim.gpu.calibration import Calibration
@@ -123,7 +123,7 @@ def report(
     html_report(output, trace, logs, options, png_dir=png_dir)
 
 
-def sweep_report_options(block_size: str, page_size: str, eviction_policy: str, engine_version: str | None,
+def sweep_report_options(block_size: str, page_size: str, eviction: str, engine_version: str | None,
                          model: str | None, jobs: int | None, warmup: Any = None) -> Any:
     """The report settings of ``kvsim sweep --html``: the first block size, page size and
     eviction policy of the grid are the report's engine settings."""
@@ -133,5 +133,5 @@ def sweep_report_options(block_size: str, page_size: str, eviction_policy: str, 
 
     sim = SimOptions(block_size=parse_ints(block_size, "--block-size")[0],
                      page_size=parse_ints(page_size, "--page-size")[0],
-                     eviction_policy=parse_eviction_policies(eviction_policy)[0], engine_version=engine_version)
+                     eviction_policy=parse_eviction_policies(eviction)[0], engine_version=engine_version)
     return ReportOptions(sim=sim, model=model, jobs=jobs, warmup=warmup)

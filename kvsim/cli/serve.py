@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from kvsim.cli.app import app, console
-from kvsim.cli.options import (BlockSizeOpt, CapacityTokensOpt, EngineVersionOpt, EvictionPolicyOpt, GpuOpt,
+from kvsim.cli.options import (DEFAULT, BlockSizeOpt, CapacityOpt, EngineVersionOpt, EvictionOpt, GpuOpt,
                                GpuUtilOpt, KvCacheMemoryOpt, MaxTotalTokensOpt, MemFractionOpt, ModelOpt,
                                NumGpuBlocksOpt, PageSizeOpt, TemplateOpt, TokenizerOpt, sim_options)
 
@@ -21,33 +21,34 @@ _ENG = "Engine settings"
 def serve(
     policy: Annotated[str, typer.Option("--policy", "-p", help="apc (vLLM APC) or radix (SGLang RadixAttention).")]
     = "apc",
-    capacity_tokens: CapacityTokensOpt = None,
+    capacity: CapacityOpt = None,
     num_gpu_blocks: NumGpuBlocksOpt = None,
     max_total_tokens: MaxTotalTokensOpt = None,
     kv_cache_memory: KvCacheMemoryOpt = None,
     model: ModelOpt = None,
     gpu: GpuOpt = None,
-    gpu_memory_utilization: GpuUtilOpt = 0.9,
+    gpu_memory_utilization: GpuUtilOpt = DEFAULT["gpu_memory_utilization"],
     mem_fraction_static: MemFractionOpt = None,
-    block_size: BlockSizeOpt = 16,
-    page_size: PageSizeOpt = 1,
-    eviction_policy: EvictionPolicyOpt = "lru",
+    block_size: BlockSizeOpt = DEFAULT["block_size"],
+    page_size: PageSizeOpt = DEFAULT["page_size"],
+    eviction: EvictionOpt = DEFAULT["eviction_policy"],
     engine_version: EngineVersionOpt = None,
-    engine: Annotated[str, typer.Option("--engine", help="fast (default: simulate's engines, the same answers "
-                                        "sooner) or reference (the readable models, step by step).",
-                                        rich_help_panel=_ENG)] = "fast",
+    implementation: Annotated[str, typer.Option(
+        "--implementation", help="fast (default: simulate's engines, the same answers sooner) or reference "
+        "(the readable models, step by step).", rich_help_panel=_ENG)] = "fast",
     hash_algo: Annotated[str, typer.Option("--hash-algo", help="APC block hash: fast, sha256 or sha256_cbor.",
-                                           rich_help_panel=_ENG)] = "fast",
+                                           rich_help_panel=_ENG)] = DEFAULT["hash_algo"],
     radix_tree: Annotated[str, typer.Option("--radix-tree", help="SGLang tree: unified or classic.",
-                                            rich_help_panel=_RAD)] = "unified",
+                                            rich_help_panel=_RAD)] = DEFAULT["radix_tree"],
     disable_overlap_schedule: Annotated[bool, typer.Option(
-        "--disable-overlap-schedule", help="SGLang's non-overlap scheduler.", rich_help_panel=_RAD)] = False,
+        "--disable-overlap-schedule", help="SGLang's non-overlap scheduler.",
+        rich_help_panel=_RAD)] = not DEFAULT["radix_overlap"],
     chunked_prefill_size: Annotated[Optional[int], typer.Option(
         "--chunked-prefill-size", help="SGLang's chunk size (-1 off; default: SGLang's for --gpu, else 4096).",
         rich_help_panel=_RAD, show_default=False)] = None,
     eviction_amount: Annotated[str, typer.Option(
         "--eviction-amount", help="shortfall (SGLang 0.5.23) or need (older releases).",
-        rich_help_panel=_RAD)] = "shortfall",
+        rich_help_panel=_RAD)] = DEFAULT["radix_eviction_amount"],
     finish: Annotated[str, typer.Option("--finish", help="How synthetic replies end: length (at max_tokens) or "
                                         "stop (with the template's end-of-turn token).")] = "length",
     tokenizer: TokenizerOpt = "cl100k_base",
@@ -103,13 +104,13 @@ def serve(
     from kvsim.serve.server import serve as run_server
 
     options = sim_options(
-        capacity_tokens, num_gpu_blocks, max_total_tokens, kv_cache_memory, model, gpu, gpu_memory_utilization,
-        mem_fraction_static, block_size=block_size, page_size=page_size, eviction_policy=eviction_policy,
+        capacity, num_gpu_blocks, max_total_tokens, kv_cache_memory, model, gpu, gpu_memory_utilization,
+        mem_fraction_static, block_size=block_size, page_size=page_size, eviction_policy=eviction,
         engine_version=engine_version, hash_algo=hash_algo,
         extra=dict(radix_tree=radix_tree, overlap=not disable_overlap_schedule, eviction_amount=eviction_amount,
                    **({} if chunked_prefill_size is None else {"chunked_prefill_size": chunked_prefill_size})))
     config = ServeConfig(
-        policy=policy, engine=engine, options=options, tokenizer=tokenizer, chat_template=chat_template,
+        policy=policy, implementation=implementation, options=options, tokenizer=tokenizer, chat_template=chat_template,
         served_model_name=served_model_name, lora_modules=parse_lora_modules(lora_modules),
         max_model_len=max_model_len, default_max_tokens=default_max_tokens or None, finish=finish, seed=seed,
         host=host, port=port, api_key=api_key, max_body_bytes=max_body_bytes, record=record,

@@ -7,10 +7,10 @@ from typing import Annotated, Optional
 import typer
 
 from kvsim.cli.app import app, console
-from kvsim.cli.options import (BlockSizeOpt, CapacityTokensOpt, EngineVersionOpt, EvictionPolicyOpt, FormatOpt,
+from kvsim.cli.options import (DEFAULT, BlockSizeOpt, CapacityOpt, EngineVersionOpt, EvictionOpt, FormatOpt,
                                GpuOpt, GpuUtilOpt, KvCacheMemoryOpt, LimitOpt, LogPaths, MaxTotalTokensOpt,
-                               MemFractionOpt, ModelOpt, NumGpuBlocksOpt, OnErrorOpt, PageSizeOpt, TemplateOpt,
-                               TokenizerOpt, TraceBlockOpt, WarmupOpt, load_from_cli, sim_options)
+                               MemFractionOpt, ModelOpt, NumGpuBlocksOpt, OnErrorOpt, PageSizeOpt, PolicyOpt,
+                               TemplateOpt, TokenizerOpt, TraceBlockOpt, WarmupOpt, load_from_cli, sim_options)
 
 _ENG = "Engine settings"
 _OUT = "Output"
@@ -20,38 +20,38 @@ _RAD = "SGLang radix settings"
 @app.command()
 def simulate(
     logs: LogPaths,
-    policy: Annotated[str, typer.Option("--policy", "-p", help="apc (vLLM APC), radix (SGLang RadixAttention), "
-                                        "a comma list, or all.")] = "apc",
-    capacity_tokens: CapacityTokensOpt = None,
+    policy: PolicyOpt = "apc",
+    capacity: CapacityOpt = None,
     num_gpu_blocks: NumGpuBlocksOpt = None,
     max_total_tokens: MaxTotalTokensOpt = None,
     kv_cache_memory: KvCacheMemoryOpt = None,
     model: ModelOpt = None,
     gpu: GpuOpt = None,
-    gpu_memory_utilization: GpuUtilOpt = 0.9,
+    gpu_memory_utilization: GpuUtilOpt = DEFAULT["gpu_memory_utilization"],
     mem_fraction_static: MemFractionOpt = None,
-    block_size: BlockSizeOpt = 16,
-    page_size: PageSizeOpt = 1,
-    eviction_policy: EvictionPolicyOpt = "lru",
+    block_size: BlockSizeOpt = DEFAULT["block_size"],
+    page_size: PageSizeOpt = DEFAULT["page_size"],
+    eviction: EvictionOpt = DEFAULT["eviction_policy"],
     engine_version: EngineVersionOpt = None,
     hash_algo: Annotated[str, typer.Option("--hash-algo", help="APC block hash: fast, sha256 or sha256_cbor "
                                            "(the last two reproduce vLLM's hash bytes).",
-                                           rich_help_panel=_ENG)] = "fast",
-    concurrency: Annotated[int, typer.Option("--concurrency", help="1 = sequential replay.",
-                                             rich_help_panel=_ENG)] = 1,
+                                           rich_help_panel=_ENG)] = DEFAULT["hash_algo"],
+    concurrency: Annotated[int, typer.Option("--concurrency", help="1 = sequential replay (the only mode so far).",
+                                             rich_help_panel=_ENG, hidden=True)] = DEFAULT["concurrency"],
     radix_tree: Annotated[str, typer.Option("--radix-tree", help="SGLang tree: unified (what a default 0.5.23 "
-                                            "server builds) or classic (RadixCache).", rich_help_panel=_RAD)] = "unified",
+                                            "server builds) or classic (RadixCache).",
+                                            rich_help_panel=_RAD)] = DEFAULT["radix_tree"],
     disable_overlap_schedule: Annotated[bool, typer.Option(
         "--disable-overlap-schedule", help="SGLang's non-overlap scheduler (default: overlap on, as SGLang).",
-        rich_help_panel=_RAD)] = False,
+        rich_help_panel=_RAD)] = not DEFAULT["radix_overlap"],
     chunked_prefill_size: Annotated[Optional[int], typer.Option(
         "--chunked-prefill-size", help="SGLang's chunk size (-1 off; default: SGLang's for --gpu, else 4096).",
         rich_help_panel=_RAD, show_default=False)] = None,
     finish: Annotated[str, typer.Option("--finish", help="How replies end: length (at the logged length) or "
-                                        "stop (a stop token).", rich_help_panel=_RAD)] = "length",
+                                        "stop (a stop token).", rich_help_panel=_RAD)] = DEFAULT["radix_finish"],
     eviction_amount: Annotated[str, typer.Option(
         "--eviction-amount", help="shortfall (SGLang 0.5.23: need - free) or need (older releases).",
-        rich_help_panel=_RAD)] = "shortfall",
+        rich_help_panel=_RAD)] = DEFAULT["radix_eviction_amount"],
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the summary as JSON.",
                                                      rich_help_panel=_OUT, show_default=False)] = None,
     per_request: Annotated[Optional[Path], typer.Option(
@@ -82,14 +82,15 @@ def simulate(
     """
     from kvsim.outputs import check_output_path
     from kvsim.cache.registry import resolve_policies
-    from kvsim.replay.simulate import run_simulation, render_simulation, simulation_json, per_request_rows
+    from kvsim.render.simulate import render_simulation
+    from kvsim.replay.simulate import per_request_rows, run_simulation, simulation_json
     from kvsim.warmup import apply_warmup, parse_warmup
 
     names = resolve_policies(policy)
     parse_warmup(warmup)
     options = sim_options(
-        capacity_tokens, num_gpu_blocks, max_total_tokens, kv_cache_memory, model, gpu, gpu_memory_utilization,
-        mem_fraction_static, block_size=block_size, page_size=page_size, eviction_policy=eviction_policy,
+        capacity, num_gpu_blocks, max_total_tokens, kv_cache_memory, model, gpu, gpu_memory_utilization,
+        mem_fraction_static, block_size=block_size, page_size=page_size, eviction_policy=eviction,
         engine_version=engine_version, hash_algo=hash_algo, concurrency=concurrency,
         extra=dict(radix_tree=radix_tree, overlap=not disable_overlap_schedule, finish=finish,
                    eviction_amount=eviction_amount,
@@ -134,10 +135,10 @@ def simulate(
 def _check_settings(names: list[str], options) -> None:
     """Resolve each policy's settings once, so bad values fail before the log is read."""
     if "apc" in names:
-        from kvsim.replay.apc import apc_settings
+        from kvsim.cache.apc.settings import APCSettings
 
-        apc_settings(options)
+        APCSettings.from_options(options)
     if "radix" in names:
-        from kvsim.replay.radix import radix_settings
+        from kvsim.cache.radix.settings import RadixSettings
 
-        radix_settings(options)
+        RadixSettings.from_options(options)

@@ -8,10 +8,18 @@ import typer
 
 from kvsim.cli.app import app, console
 from kvsim.cli.options import (
+    DEFAULT,
+    BlockSizeListOpt,
+    CapacityListOpt,
+    EngineVersionOpt,
+    EvictionListOpt,
     FormatOpt,
     LimitOpt,
     LogPaths,
+    ModelOpt,
     OnErrorOpt,
+    PageSizeListOpt,
+    PolicyOpt,
     TemplateOpt,
     TokenizerOpt,
     TraceBlockOpt,
@@ -19,7 +27,6 @@ from kvsim.cli.options import (
     load_from_cli,
 )
 
-_GRID = "Grid (comma lists)"
 _RUN = "Execution"
 _OUT = "Output"
 
@@ -27,22 +34,13 @@ _OUT = "Output"
 @app.command()
 def sweep(
     logs: LogPaths,
-    capacity: Annotated[str, typer.Option(
-        "--capacity", "-c", help="Usable KV capacities: tokens (1e4,1e5,250000), 'inf', or memory such as 20GiB "
-        "(needs --model).", rich_help_panel=_GRID)],
-    policy: Annotated[str, typer.Option("--policy", "-p", help="apc, radix, a comma list, or all.",
-                                        rich_help_panel=_GRID)] = "all",
-    block_size: Annotated[str, typer.Option("--block-size", help="APC block sizes.", rich_help_panel=_GRID)] = "16",
-    page_size: Annotated[str, typer.Option("--page-size", help="Radix page sizes.", rich_help_panel=_GRID)] = "1",
-    eviction_policy: Annotated[str, typer.Option(
-        "--eviction-policy", help="Radix eviction policies (lru, lfu, fifo, mru, filo, priority, slru, tlru).",
-        rich_help_panel=_GRID)] = "lru",
-    model: Annotated[Optional[str], typer.Option(
-        "--model", help="Model shape (llama-3-8b, ...) or HF config.json: converts memory capacities into tokens.",
-        rich_help_panel=_GRID, show_default=False)] = None,
-    engine_version: Annotated[Optional[str], typer.Option(
-        "--engine-version", help="vLLM behaviour profile: 0.33 (default) or 0.11.", rich_help_panel=_GRID,
-        show_default=False)] = None,
+    capacity: CapacityListOpt,
+    policy: PolicyOpt = "all",
+    block_size: BlockSizeListOpt = str(DEFAULT["block_size"]),
+    page_size: PageSizeListOpt = str(DEFAULT["page_size"]),
+    eviction: EvictionListOpt = DEFAULT["eviction_policy"],
+    model: ModelOpt = None,
+    engine_version: EngineVersionOpt = None,
     jobs: Annotated[Optional[int], typer.Option(
         "--jobs", "-j", help="Parallel replays (default: number of CPUs; 1 = in this process).",
         rich_help_panel=_RUN, show_default=False)] = None,
@@ -73,7 +71,7 @@ def sweep(
     """Replay a log at every combination of capacity, block/page size and policy.
 
     Each combination is an exact sequential replay (as [bold]kvsim simulate[/]); APC rows vary
-    --block-size, radix rows --page-size and --eviction-policy. Hit rate = cached prompt
+    --block-size, radix rows --page-size and --eviction. Hit rate = cached prompt
     tokens / prompt tokens of admitted requests. With --curve, a one-pass stack-distance model
     gives the whole hit-rate-vs-capacity curve of each LRU-like setting; its error against the
     exact replays is shown per row. Every row also shows the optimum: the most any cache of that
@@ -87,7 +85,7 @@ def sweep(
         parse_ints,
         parse_policies,
     )
-    from kvsim.sweep.runner import EXECUTORS, make_executor
+    from kvsim.sweep.executors import EXECUTORS, make_executor
     from kvsim.warmup import parse_warmup
 
     names = parse_policies(policy)
@@ -95,7 +93,7 @@ def sweep(
     parse_capacities(capacity, model)
     parse_ints(block_size, "--block-size")
     parse_ints(page_size, "--page-size")
-    parse_eviction_policies(eviction_policy)
+    parse_eviction_policies(eviction)
     if executor not in EXECUTORS:
         raise ConfigError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     if curve_points < 2:
@@ -107,12 +105,13 @@ def sweep(
     if csv_out is not None and json_out is not None and csv_out.resolve() == json_out.resolve():
         raise ConfigError("--csv and --json name the same file")
 
-    from kvsim.sweep.render import render_sweep, sweep_json
+    from kvsim.render.sweep import render_sweep
     from kvsim.sweep.run import sweep as run
+    from kvsim.sweep.run import sweep_json
 
     trace = load_from_cli(logs, fmt, tokenizer, chat_template, trace_block_size, on_error, limit)
     options = {} if engine_version is None else {"engine_version": engine_version}
-    result = run(trace, names, capacity, block_size, page_size, eviction_policy, model=model, jobs=jobs,
+    result = run(trace, names, capacity, block_size, page_size, eviction, model=model, jobs=jobs,
                  executor=runner, curves=curve, curve_points=curve_points, progress=True, warmup=window,
                  **options)
     render_sweep(console, result)
@@ -125,12 +124,12 @@ def sweep(
         from kvsim.outputs import write_json
 
         settings = {"policy": names, "capacity": capacity, "block_size": block_size, "page_size": page_size,
-                    "eviction_policy": eviction_policy, "model": model, "engine_version": engine_version,
+                    "eviction_policy": eviction, "model": model, "engine_version": engine_version,
                     "executor": executor, "jobs": jobs, "warmup": warmup}
         write_json(json_out, sweep_json(trace, result, settings))
         console.print(f"sweep written to {json_out}")
     if html is not None:
         from kvsim.cli.report import html_report, sweep_report_options
 
-        html_report(html, trace, logs, sweep_report_options(block_size, page_size, eviction_policy, engine_version,
+        html_report(html, trace, logs, sweep_report_options(block_size, page_size, eviction, engine_version,
                                                             model, jobs, window), sweep_result=result)

@@ -58,7 +58,7 @@ def pages_from_block_table(block_table: np.ndarray, page_size: int, num_tokens: 
     """Physical page ids of a request's first ``num_tokens`` tokens, from an Admission's table.
 
     vLLM APC tables list one block id per ``page_size`` tokens. SGLang's radix tree keeps
-    one KV slot index per token (``token_slots``; ``sglang_radix.md §2``), pages being runs
+    one KV slot index per token (``token_slots``; ``docs/engines/radix.md §2``), pages being runs
     of ``page_size`` aligned slots; such a table is turned into page ids
     (``slot // page_size``) after checking that every token sits at its offset in its page.
     """

@@ -253,9 +253,9 @@ def _run(trace: Trace, opts: ValidateOptions, cfg: LlamaConfig, device, dtype, a
          progress) -> ValidationResult:
     import torch
 
-    from kvsim.cache.registry import get_replayer
+    from kvsim.replay.driver import replay
     from kvsim.gpu.block_tables import SlotLedger
-    from kvsim.gpu.engines import build_cache_model
+    from kvsim.gpu.cache_models import build_cache_model
     from kvsim.gpu.llama import LlamaModel
     from kvsim.replay.requests import iter_requests
 
@@ -265,7 +265,7 @@ def _run(trace: Trace, opts: ValidateOptions, cfg: LlamaConfig, device, dtype, a
     if len(sl) == 0:
         raise KvsimError("the trace holds no requests")
 
-    predicted = get_replayer(opts.policy)(sl, opts.sim)          # the simulator's prediction
+    predicted = replay(opts.policy, sl, opts.sim)          # the simulator's prediction
     cm = build_cache_model(opts.policy, sl, opts.sim)            # the stepwise model, driven here
     model = LlamaModel(cfg, device, dtype, seed=opts.seed, attention=attention)
     pool = model.new_cache(cm.num_pages, cm.page_size)

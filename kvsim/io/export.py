@@ -2,31 +2,11 @@
 lengths and ids only, never raw text."""
 from __future__ import annotations
 
-import gzip
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
-from typing import IO, Sequence
 
-from kvsim.errors import ConfigError
 from kvsim.io.trace import Trace
-
-
-def check_output_path(path: Path, inputs: Sequence[str | Path], force: bool = False) -> None:
-    """Refuse to write onto an input file, or onto an existing file without ``force``."""
-    target = path.expanduser().resolve()
-    for inp in inputs:
-        p = Path(inp).expanduser()
-        if p.exists() and (p.resolve() == target or (target.exists() and os.path.samefile(p, target))):
-            raise ConfigError(f"refusing to write {path}: it is an input file")
-    if target.is_dir():
-        raise ConfigError(f"cannot write {path}: it is a directory")
-    if target.exists() and not force:
-        raise ConfigError(f"{path} exists; pass --force to overwrite it")
-    if not target.parent.is_dir():
-        raise ConfigError(f"cannot write {path}: folder {target.parent} does not exist")
 
 
 def write_tokens_jsonl(trace: Trace, path: str | Path) -> int:
@@ -35,20 +15,10 @@ def write_tokens_jsonl(trace: Trace, path: str | Path) -> int:
     The file is written beside the target and renamed into place, so a failure never
     leaves a half-written file under the final name.
     """
+    from kvsim.outputs import write_lines_atomic
+
     tokens = trace.require_tokens("--export")
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            out: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) if path.suffix == ".gz" else raw
-            for i in range(len(trace)):
-                out.write(_line(trace, tokens, i).encode("utf-8"))
-            if out is not raw:
-                out.close()
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_lines_atomic(Path(path), (_line(trace, tokens, i) for i in range(len(trace))))
     return len(trace)
 
 

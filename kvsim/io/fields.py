@@ -213,7 +213,7 @@ def logprob_fields(rec: dict) -> tuple[bool, int]:
     vLLM skips reading the prefix cache when ``prompt_logprobs`` is set (any integer, 0
     included; ``true`` is accepted) or when ``echo`` comes with ``logprobs`` (completions)
     / ``top_logprobs`` (chat). SGLang caps a logprob request's prefix match at its
-    ``logprob_start_len`` (spec ``sglang_radix.md §2.1``): an explicit value (ignored with
+    ``logprob_start_len`` (``docs/engines/radix.md §2.1``): an explicit value (ignored with
     ``return_logprob: false``, as SGLang ignores it), else 0 for the request that asks for
     prompt logprobs (``prompt_logprobs``, or a completion's ``echo`` with ``logprobs``).
     """

@@ -120,26 +120,14 @@ def _describe(ctx: LoadContext, meta: TraceMeta) -> None:
 
 
 def _progress_bar(sources: list[Path], stack: ExitStack):
+    """A bytes-read bar on a terminal's stderr for large inputs: ``update(done)``, or None."""
     total = sum(p.stat().st_size for p in sources)
     if total < PROGRESS_MIN_BYTES:
         return None
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+    from kvsim.render.progress import Bars
 
-    console = Console(stderr=True)
-    if not console.is_terminal:
-        return None
-    bar = Progress(TextColumn("reading"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                   console=console, transient=True)
-    stack.enter_context(bar)
-    task = bar.add_task("read", total=total)
-    return bar, task
+    return stack.enter_context(Bars("bytes", only_on_terminal=True)).task("reading", total)
 
 
-def _advance(bar, done: int):
-    progress, task = bar
-
-    def update(pos: int) -> None:
-        progress.update(task, completed=done + pos)
-
-    return update
+def _advance(update, done: int):
+    return lambda pos: update(done + pos)

@@ -79,7 +79,7 @@ class Trace:
             setattr(self, name, np.full(n, NONE, np.int32) if col is None else np.asarray(col, np.int32))
         if self.prompt_logprobs is None:
             self.prompt_logprobs = np.zeros(n, dtype=bool)
-        if self.logprob_start_len is None:  # a prompt-logprob request starts at 0 (§2.1)
+        if self.logprob_start_len is None:  # a prompt-logprob request starts at 0 (docs/engines/radix.md §2.1)
             self.logprob_start_len = np.where(self.prompt_logprobs, 0, -1).astype(np.int64)
         self.logprob_start_len = np.asarray(self.logprob_start_len, np.int64)
         if self.output_known is None:

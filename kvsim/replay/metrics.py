@@ -6,10 +6,10 @@ Definitions (also in the README):
   per-request ``num_cached_tokens`` adds up to.
 - vLLM logged hit rate: hits / queries as vLLM 0.33 records them, once per request at
   admission; requests that skip the cache read (prompt logprobs) are not counted
-  (spec ``vllm_apc.md §5.1``).
+  (``docs/engines/apc.md §5.1``).
 - cache reads skipped: admitted requests whose lookup a logprob request skipped or cut
-  short — APC: prompt logprobs skip it (``vllm_apc.md §2.1``); radix: the match is capped
-  at ``logprob_start_len``, 0 for prompt logprobs (``sglang_radix.md §2.1``).
+  short — APC: prompt logprobs skip it (``docs/engines/apc.md §2.1``); radix: the match is capped
+  at ``logprob_start_len``, 0 for prompt logprobs (``docs/engines/radix.md §2.1``).
 - request hit rate: share of admitted requests with at least one cached token.
 - mean cached fraction: mean over admitted requests of cached / prompt tokens.
 """

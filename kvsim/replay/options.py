@@ -51,6 +51,22 @@ class SimOptions:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {v!r}")
         if self.concurrency != 1:
             raise ConfigError("only sequential replay (--concurrency 1) is implemented so far")
+        self._check_extra()
+
+    def _check_extra(self) -> None:
+        """Every key of ``extra`` must be a setting some engine reads: a typo is an error."""
+        from difflib import get_close_matches
+
+        from kvsim.cache.registry import extra_keys
+
+        if not isinstance(self.extra, dict):
+            raise ConfigError(f"extra must be a dict of engine settings, got {type(self.extra).__name__}")
+        known = extra_keys()
+        for key in self.extra:
+            if key not in known:
+                near = get_close_matches(str(key), known, n=1)
+                hint = f" (did you mean {near[0]!r}?)" if near else f"; known: {', '.join(known)}"
+                raise ConfigError(f"unknown engine setting {key!r} in SimOptions.extra{hint}")
 
     def _coerce(self) -> None:
         """Turn numeric strings into numbers; anything else is a one-line ConfigError."""

@@ -7,7 +7,7 @@ from typing import Iterator
 
 import numpy as np
 
-from kvsim.cache.base import Request
+from kvsim.cache.base import Request, Workload
 from kvsim.io.trace import Trace
 
 
@@ -47,3 +47,16 @@ def iter_requests(trace: Trace) -> Iterator[Request]:
             prompt_logprobs=bool(trace.prompt_logprobs[i]),
             logprob_start_len=int(trace.logprob_start_len[i]),
         )
+
+
+def workload(trace: Trace) -> Workload:
+    """The trace's requests as the flat arrays a sequential replay feeds an engine."""
+    tokens = trace.require_tokens("replay")
+    out, out_off = output_token_arrays(trace)
+    n = len(trace)
+    return Workload(
+        prompt_tokens=tokens, prompt_offsets=trace.offsets, output_tokens=out, output_offsets=out_off,
+        lora=[trace.name_of("lora", int(c)) for c in trace.lora],
+        cache_salt=[trace.name_of("cache_salt", int(c)) for c in trace.cache_salt],
+        prompt_logprobs=trace.prompt_logprobs.astype(bool), logprob_start_len=trace.logprob_start_len,
+        request_ids=[trace.request_id(i) for i in range(n)])

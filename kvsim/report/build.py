@@ -290,11 +290,11 @@ class _Builder:
             found = {o.engine: o.model for o in sweep_result.optimal if o.model is not None}
             if set(POLICIES) <= set(found):
                 return {p: found[p] for p in POLICIES}
-        from kvsim.replay.radix import radix_settings
+        from kvsim.cache.radix.settings import RadixSettings
         from kvsim.sweep.optimal import apc_optimal, radix_optimal
 
         sim = self.chosen_sim
-        rs = radix_settings(sim)
+        rs = RadixSettings.from_options(sim)
         return {"apc": apc_optimal(self.trace, sim.block_size, warmup=self.opts.warmup),
                 "radix": radix_optimal(self.trace, sim.page_size, warmup=self.opts.warmup, overlap=rs.overlap,
                                        finish=rs.finish, max_new_tokens=rs.max_new_tokens,

@@ -115,7 +115,7 @@ def png_paths(data: ReportData, html_path: Path, png_dir: Path | None = None) ->
 def write_report(data: ReportData, html_path: Path, png_dir: Path | None = None,
                  inputs: Iterable[Path] = ()) -> list[Path]:
     """Write the PNGs and the page (never over an input file); returns the paths, page last."""
-    from kvsim.outputs import check_output_path, write_text_atomic
+    from kvsim.outputs import check_output_path, write_bytes_atomic, write_text_atomic
 
     html_path = Path(html_path)
     inputs = list(inputs)
@@ -129,36 +129,10 @@ def write_report(data: ReportData, html_path: Path, png_dir: Path | None = None,
     written = []
     for name, path in paths.items():
         check_output_path(path, inputs + [html_path])
-        _write_bytes_atomic(path, images[name])
+        write_bytes_atomic(path, images[name])
         written.append(path)
     shown = {n: (str(p.relative_to(html_path.parent)) if p.parent == html_path.parent else str(p))
              for n, p in paths.items()}
     write_text_atomic(html_path, render_html(data, shown))
     written.append(html_path)
-    for path in written:
-        _readable(path)
     return written
-
-
-def _readable(path: Path) -> None:
-    """Atomic writes go through mkstemp (mode 0600): give the files the usual umask mode."""
-    import os
-
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
-
-
-def _write_bytes_atomic(path: Path, payload: bytes) -> None:
-    import os
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

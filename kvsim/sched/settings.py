@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from kvsim.models import GiB, apc_num_gpu_blocks, gpu_memory_bytes, radix_max_total_tokens
 from kvsim.replay.options import SimOptions
-from kvsim.replay.radix import sglang_chunked_prefill_size
+from kvsim.cache.radix.settings import sglang_chunked_prefill_size
 from kvsim.sched.sglang_scheduler import SglangSchedSettings
 from kvsim.sched.vllm_scheduler import VllmSchedSettings
 

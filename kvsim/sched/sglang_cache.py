@@ -1,11 +1,11 @@
-"""The SGLang scheduler model's only door into the radix cache model (``kvsim.cache.radix*``).
+"""The SGLang scheduler model's only door into the radix cache model (``kvsim.cache.radix``).
 
 SGLang's scheduler drives its tree cache, token allocator and request-to-token rows
 through a few calls (``match_prefix``, ``lock``/``unlock``, ``evict``, ``alloc``,
 ``checkpoint_kv_cache``, ``release_kv_cache``); this module exposes exactly those, on
-kvsim's reference ``RadixCacheModel``, so moving the cache layer means editing this one
+kvsim's reference ``RadixReference``, so moving the cache layer means editing this one
 file. A request's KV bookkeeping (its row of slots, protected / inserted / allocated /
-committed lengths, locked node) is a ``radix_cache.RequestState``. Citations name the cache
+committed lengths, locked node) is a ``radix.reference.RequestState``. Citations name the cache
 rules' page, ``docs/engines/radix.md``.
 """
 from __future__ import annotations
@@ -14,14 +14,16 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from kvsim.cache.radix import Node, RadixTree
-from kvsim.cache.radix_cache import RadixCacheModel, RequestState, ceil_page, max_new_tokens_for_memory, namespace
+from kvsim.cache.radix.reference import RadixReference, RequestState
+from kvsim.cache.radix.rules import ceil_page, max_new_tokens_for_memory, namespace
+from kvsim.cache.radix.settings import RadixSettings
+from kvsim.cache.radix.tree import Node, RadixTree
 
 __all__ = ["SglangKVCache", "RequestState", "ceil_page", "namespace"]
 
 
 class RingSlotAllocator:
-    """``radix_cache.SlotAllocator`` with its free pages in a numpy ring: the same pages in
+    """``radix.reference.SlotAllocator`` with its free pages in a numpy ring: the same pages in
     the same order (taken from the front; freed pages appended (page 1) or prepended (paged)),
     without a Python operation per slot."""
 
@@ -70,8 +72,8 @@ class SglangKVCache:
 
     def __init__(self, capacity: int, page_size: int = 1, eviction_policy: str = "lru",
                  flavor: str = "unified") -> None:
-        self.model = RadixCacheModel(page_size=page_size, capacity=capacity, eviction_policy=eviction_policy,
-                                     flavor=flavor)
+        self.model = RadixReference(RadixSettings(page_size=page_size, capacity=capacity,
+                                                  eviction_policy=eviction_policy, tree=flavor))
         self.model.alloc = RingSlotAllocator(capacity, page_size)
         self.tree: RadixTree = self.model.tree
         self.page_size = page_size

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 
-from kvsim.cache.radix import RadixTree
+from kvsim.cache.radix.tree import RadixTree
 from kvsim.errors import ConfigError
 
 POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvsim.cache.radix.rules import CLIP_MAX_NEW_TOKENS
+from kvsim.cache.radix.settings import FINISHES
 from kvsim.errors import ConfigError
 from kvsim.sched.clock import run_steps
 from kvsim.sched.results import StepResult
@@ -28,13 +30,11 @@ from kvsim.sched.sglang_adder import CONTINUE, NO_TOKEN, OTHER, PrefillAdder
 from kvsim.sched.sglang_cache import SglangKVCache, namespace
 from kvsim.sched.sglang_policy import CACHE_AWARE, POLICIES, SchedulePolicy
 
-CLIP_MAX_NEW_TOKENS = 4096
 RETRACT_DECODE_STEPS = 20          # SGLANG_RETRACT_DECODE_STEPS
 INIT_NEW_TOKEN_RATIO = 0.7         # SGLANG_INIT_NEW_TOKEN_RATIO
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
 NEW_TOKEN_RATIO_DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
 EXTEND, DECODE = "extend", "decode"
-FINISHES = ("length", "stop")
 
 
 @dataclass(frozen=True)

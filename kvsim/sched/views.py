@@ -45,7 +45,7 @@ def concurrent_view(trace: Trace, options: SimOptions, policy: str, cost=None,
     """The view for ``policy`` ("apc" or "radix"), or None when the log has no timestamps."""
     if len(trace) == 0 or not np.isfinite(trace.arrival).all():
         return None
-    from kvsim.cache.registry import get_replayer
+    from kvsim.replay.driver import replay
 
     out, off = output_token_arrays(trace)
     prompts = [trace.prompt(i) for i in range(len(trace))]
@@ -53,7 +53,7 @@ def concurrent_view(trace: Trace, options: SimOptions, policy: str, cost=None,
     names = {"loras": [trace.name_of("lora", int(c)) for c in trace.lora],
              "salts": [trace.name_of("cache_salt", int(c)) for c in trace.cache_salt]}
     lengths = trace.prompt_lengths
-    sequential = get_replayer(policy)(trace, options)
+    sequential = replay(policy, trace, options)
     seq_rate = hit_rate(sequential.cached_tokens, lengths, ~sequential.rejected)
     make = vllm_settings if policy == "apc" else sglang_settings
     settings, note = make(options)

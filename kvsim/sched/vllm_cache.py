@@ -12,7 +12,7 @@ from collections.abc import Sequence as Seq
 
 import numpy as np
 
-from kvsim.cache.apc import APCManager, BlockHasher, Sequence
+from kvsim.cache.apc.reference import APCManager, BlockHasher, Sequence
 
 
 class TokenBuffer:

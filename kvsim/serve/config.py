@@ -19,7 +19,7 @@ class ServeConfig:
     """Everything the server needs; :meth:`check` raises ConfigError on a bad combination."""
 
     policy: str = "apc"
-    engine: str = "fast"                  # fast, or reference (the readable models, step by step)
+    implementation: str = "fast"          # fast, or reference (the readable models, step by step)
     options: SimOptions = field(default_factory=SimOptions)
     tokenizer: str = "cl100k_base"
     chat_template: str = "llama3"
@@ -42,8 +42,8 @@ class ServeConfig:
     def check(self) -> None:
         if self.policy not in ("apc", "radix"):
             raise ConfigError(f"--policy must be apc or radix for serve, got {self.policy!r}")
-        if self.engine not in ("fast", "reference"):
-            raise ConfigError(f"--engine must be fast or reference, got {self.engine!r}")
+        if self.implementation not in ("fast", "reference"):
+            raise ConfigError(f"--implementation must be fast or reference, got {self.implementation!r}")
         if self.finish not in FINISHES:
             raise ConfigError(f"--finish must be length or stop, got {self.finish!r}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -4,14 +4,15 @@ Each request goes through the engine exactly as the sequential replay of
 ``kvsim simulate`` serves it, so a recorded log replayed by ``simulate`` gives the same
 ``cached_tokens`` request for request:
 
-* ``apc`` — vLLM 0.33 APC, the reference model :class:`kvsim.cache.apc.APCCache` with the
-  settings :func:`kvsim.replay.apc.apc_settings` resolves: ``fits_ever`` (else rejected,
-  cache untouched), ``admit`` → ``decode`` × (M − 1) → ``finish`` (``replay/apc.py``);
-  ``engine="fast"`` makes the M − 1 decode steps one call (:meth:`_ApcEngine._decode_all`).
-* ``radix`` — SGLang 0.5.23 RadixAttention with :func:`kvsim.replay.radix.radix_settings`,
-  one ``serve`` call per request (``replay/radix.py``): the fast engine
-  :class:`kvsim.cache.radix_fast.FastRadixEngine` (``engine="fast"``, what ``simulate``
-  runs) or the reference model :class:`kvsim.cache.radix_cache.RadixCacheModel`.
+* ``apc`` — vLLM 0.33 APC, the reference model :class:`kvsim.cache.apc.reference.APCReference`
+  with the settings :meth:`APCSettings.from_options` resolves: ``fits_ever`` (else
+  rejected, cache untouched), ``admit`` → ``decode`` × (M − 1) → ``finish`` (as its
+  ``serve``); ``implementation="fast"`` makes the M − 1 decode steps one call
+  (:meth:`APCReference.decode_rest`).
+* ``radix`` — SGLang 0.5.23 RadixAttention with :meth:`RadixSettings.from_options`, one
+  ``serve`` call per request: the fast engine :class:`kvsim.cache.radix.fast.RadixFast`
+  (``implementation="fast"``, what ``simulate`` runs) or the reference model
+  :class:`kvsim.cache.radix.reference.RadixReference`.
 
 Requests reach the engine one at a time, in the order the server applies them (see
 :mod:`kvsim.serve.service`); there is no notion of time yet.
@@ -29,7 +30,7 @@ from kvsim.errors import ConfigError
 from kvsim.replay.options import SimOptions
 
 POLICIES = ("apc", "radix")
-ENGINES = ("fast", "reference")
+IMPLEMENTATIONS = ("fast", "reference")
 #: blocks an unlimited APC pool starts with; it doubles whenever a request could evict
 _INITIAL_UNLIMITED_BLOCKS = 1024
 
@@ -91,17 +92,19 @@ class ServeEngine(ABC):
 class _ApcEngine(ServeEngine):
     policy = "apc"
 
-    def __init__(self, options: SimOptions, engine: str = "fast") -> None:
-        from kvsim.cache.apc import APCCache
-        from kvsim.replay.apc import apc_settings
+    def __init__(self, options: SimOptions, implementation: str = "fast") -> None:
+        from dataclasses import replace
 
-        s = self._settings = apc_settings(options)
+        from kvsim.cache.apc.reference import APCReference
+        from kvsim.cache.apc.settings import APCSettings
+
+        s = self._settings = APCSettings.from_options(options)
         self.capacity_tokens = s.capacity_tokens
         self._unlimited = s.num_gpu_blocks is None
         blocks = _INITIAL_UNLIMITED_BLOCKS if self._unlimited else s.num_gpu_blocks
-        self._make = lambda: APCCache(blocks, s.block_size, s.hash_algo, s.profile.version, s.lora_paths)
+        self._make = lambda: APCReference(replace(s, num_gpu_blocks=blocks))
         self.cache = self._make()
-        self._step_by_step = engine == "reference"
+        self._step_by_step = implementation == "reference"
 
     def serve(self, request_id, prompt, output, lora=None, cache_salt=None, prompt_logprobs=False,
               logprob_start_len=-1) -> Served:
@@ -110,7 +113,7 @@ class _ApcEngine(ServeEngine):
                       cache_salt=cache_salt, prompt_logprobs=prompt_logprobs)
         if self._unlimited:
             self._ensure_no_eviction(cache.blocks_needed(req))
-        if not cache.fits_ever(req):  # spec vllm_apc.md §1 note: never schedulable
+        if not cache.fits_ever(req):  # docs/engines/apc.md §1 note: never schedulable
             return Served(0, 0, True, 0, 0)
         before = cache.pool.num_evicted
         admission = cache.admit(req)
@@ -119,34 +122,11 @@ class _ApcEngine(ServeEngine):
             for _ in range(len(req.output) - 1):
                 cache.decode(req)
         else:
-            self._decode_all(req)
+            cache.decode_rest(req)   # the same final pool, without a Python step per token
         cache.finish(req)
         evicted = (cache.pool.num_evicted - before) * cache.page_size
         return Served(admission.cached_tokens, len(req.output), False, evicted,
                       len(req.prompt) - admission.cached_tokens)
-
-    def _decode_all(self, req: Request) -> None:
-        """The M - 1 decode steps of a lone request in one call to vLLM's manager.
-
-        Step by step, each decode computes the last sampled token (one slot, a new block
-        from the queue head at a block boundary, full blocks cached) and samples the next.
-        With no other request running nothing else touches the pool between steps, so
-        allocating the M - 1 slots at once pops the same blocks in the same order, evicts
-        the same hashes and caches the same full blocks of the L + M - 1 computed tokens;
-        the final state is the step-by-step one (``tests/test_serve_units.py`` compares the
-        whole pool with the reference replay's). The step-by-step loop costs a few
-        microseconds per generated token; this is what keeps the model off the critical path.
-        """
-        cache = self.cache
-        steps = len(req.output) - 1
-        if steps <= 0:
-            return
-        seq = cache._seqs[req.request_id]
-        seq.append([int(t) for t in req.output[1:]])        # samples 1..M-1 (hashes full blocks)
-        if cache.manager.allocate_slots(seq, steps) is None:  # computes tokens L..L+M-2
-            raise RuntimeError(f"no free block for request {req.request_id}")
-        seq.num_computed_tokens += steps
-        req.num_generated = len(req.output)
 
     def _ensure_no_eviction(self, need: int) -> None:
         """Unlimited capacity, as ``simulate`` models it: a pool so large that nothing is ever
@@ -162,14 +142,7 @@ class _ApcEngine(ServeEngine):
             head.append(block_id)
         if len(head) == need and all(pool.blocks[b].block_hash is None for b in head):
             return
-        from kvsim.cache.block_pool import Block
-
-        start = pool.num_blocks
-        extra = max(need, start)
-        pool.blocks.extend(Block(i) for i in range(start, start + extra))
-        pool.free_queue.prepend_n(range(start, start + extra))
-        pool.num_blocks += extra
-        pool._num_empty += extra  # fresh blocks hold no cached KV
+        pool.add_free_blocks(max(need, pool.num_blocks))
 
     def reset(self) -> bool:
         return self.cache.manager.reset_prefix_cache()
@@ -198,31 +171,31 @@ class _ApcEngine(ServeEngine):
 class _RadixEngine(ServeEngine):
     policy = "radix"
 
-    def __init__(self, options: SimOptions, engine: str = "fast") -> None:
-        from kvsim.cache.radix_cache import RadixCacheModel
-        from kvsim.cache.radix_fast import FastRadixEngine
-        from kvsim.replay.radix import radix_settings
+    def __init__(self, options: SimOptions, implementation: str = "fast") -> None:
+        from kvsim.cache.radix.fast import RadixFast
+        from kvsim.cache.radix.reference import RadixReference
+        from kvsim.cache.radix.settings import RadixSettings
 
-        s = self._settings = radix_settings(options)
+        s = self._settings = RadixSettings.from_options(options)
         self.capacity_tokens = s.capacity
-        self._fast = engine == "fast"
-        self._make = lambda: (FastRadixEngine if self._fast else RadixCacheModel)(**s.engine_kwargs())
+        self._fast = implementation == "fast"
+        self._make = lambda: (RadixFast if self._fast else RadixReference)(s)
         self.model = self._make()
 
     def serve(self, request_id, prompt, output, lora=None, cache_salt=None, prompt_logprobs=False,
               logprob_start_len=-1) -> Served:
-        from kvsim.cache.radix_cache import namespace
+        from kvsim.cache.radix.rules import namespace
 
         prompt, output = np.asarray(prompt, np.int64), np.asarray(output, np.int64)
         if self._fast:
-            o = self.model.serve(np.concatenate([prompt, output]), len(prompt), len(output),
-                                 namespace(lora, cache_salt), logprob_start_len)
+            o = self.model.serve_tokens(np.concatenate([prompt, output]), len(prompt), len(output),
+                                        namespace(lora, cache_salt), logprob_start_len)
         else:
             o = self.model.serve(Request(request_id, prompt, output, lora=lora, cache_salt=cache_salt,
                                          prompt_logprobs=prompt_logprobs, logprob_start_len=logprob_start_len))
         if o.rejected:
             return Served(0, 0, True, o.evicted_tokens, 0)
-        generated = min(len(output), max(o.max_new, 1))  # RadixCacheModel.new_state
+        generated = min(len(output), max(o.max_new, 1))  # RadixReference.new_state
         return Served(o.cached_tokens, generated, False, o.evicted_tokens, o.extend_tokens)
 
     def reset(self) -> bool:
@@ -245,7 +218,7 @@ class _RadixEngine(ServeEngine):
 
     def max_request_tokens(self) -> int | None:
         # SGLang admits when extend + min(M, 4096) + page < free + evictable and clips M to
-        # capacity - ceil_page(L) - page - 1 (radix_cache.py steps 3 and new_state): both hold
+        # capacity - ceil_page(L) - page - 1 (radix/rules.py admits, max_new_tokens_for_memory): both hold
         # in an idle cache for every L + M <= capacity - 2 * page.
         if self.capacity_tokens is None:
             return None
@@ -258,13 +231,13 @@ class _RadixEngine(ServeEngine):
                 "finish": s.finish}
 
 
-def build_engine(policy: str, options: SimOptions, engine: str = "fast") -> ServeEngine:
+def build_engine(policy: str, options: SimOptions, implementation: str = "fast") -> ServeEngine:
     """The engine of ``policy`` with the settings ``simulate`` would use for ``options``;
-    ``engine="reference"`` drives the readable models step by step (same answers, slower)."""
-    if engine not in ENGINES:
-        raise ConfigError(f"unknown engine {engine!r}; choose fast or reference")
+    ``implementation="reference"`` drives the readable models step by step (same answers, slower)."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ConfigError(f"unknown implementation {implementation!r}; choose fast or reference")
     if policy == "apc":
-        return _ApcEngine(options, engine)
+        return _ApcEngine(options, implementation)
     if policy == "radix":
-        return _RadixEngine(options, engine)
+        return _RadixEngine(options, implementation)
     raise ConfigError(f"unknown policy {policy!r} for serve; choose apc or radix")

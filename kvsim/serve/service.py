@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from kvsim.cache.radix_cache import logprob_aborts
+from kvsim.cache.radix.rules import logprob_aborts
 from kvsim.io.fields import BadRecord, logprob_fields
 from kvsim.serve.config import ServeConfig
 from kvsim.serve.engine import Served, build_engine
@@ -73,7 +73,7 @@ class CacheService:
         if config.policy == "radix":
             options = replace(options, extra={**options.extra, "finish": config.finish})
         self.options = options
-        self.engine = build_engine(config.policy, options, config.engine)
+        self.engine = build_engine(config.policy, options, config.implementation)
         self.max_model_len = config.resolve_max_model_len(self.engine.max_request_tokens())
         self.prompter = Prompter(config.tokenizer, config.chat_template)
         self.replies = ReplyMaker(self.prompter.tokenizer, self.prompter.eot_id, config.seed)

@@ -1,8 +1,8 @@
 """Prefix-chained block keys of every prompt, the partial last block included.
 
 Block j of a prompt gets a 64-bit key from its parent's key, its tokens and its length
-(the same chained hash as APC's ``fast`` hashes, ``kvsim.cache.hashing``), so equal keys
-mean equal prefixes up to and including the block. Unlike APC, the partial last block has
+(APC's ``fast`` chained hash, :mod:`kvsim.cache.apc.hashing`, with the namespace on every
+block), so equal keys mean equal prefixes up to and including the block. Unlike APC, the partial last block has
 a key too: this is the unit of hash-id traces such as Mooncake's (one id per 512 tokens,
 the last partial block included) and of the block-LRU model of Mooncake's Fig. 9.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kvsim.cache.hashing import _P3, FAST_ROOT, _fmix, _round
+from kvsim.cache.apc.hashing import FAST_ROOT, block_end, block_start, block_token
 
 
 @njit(cache=True)
@@ -23,14 +23,12 @@ def _prefix_block_keys(tokens, offsets, block_size, ns_keys, key_off, out, last_
         h = np.uint64(FAST_ROOT)
         nb = key_off[i + 1] - key_off[i]
         for j in range(nb):
-            acc = _round(h ^ np.uint64(_P3), np.uint64(ns_keys[i]))
+            acc = block_start(h, ns_keys[i], 0)
             start = j * block_size
             stop = min(start + block_size, L)
             for k in range(start, stop):
-                acc = _round(acc, np.uint64(np.int64(tokens[p0 + k])))
-            h = _fmix(acc ^ np.uint64(stop - start))
-            if h == np.uint64(0):
-                h = np.uint64(1)
+                acc = block_token(acc, tokens[p0 + k], k - start)
+            h = block_end(acc, stop - start)
             out[key_off[i] + j] = h
         last_len[i] = L - (nb - 1) * block_size if nb > 0 else 0
 

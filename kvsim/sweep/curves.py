@@ -5,7 +5,7 @@ Three models share the stack pass of :mod:`kvsim.sweep.stack`:
 - ``apc``: vLLM APC (sequential replay). Units are B-token blocks; a request leaves its
   ``floor((L+M-1)/B)`` full blocks cached, holds one more partial block while it runs,
   hits at most ``floor((L-1)/B)`` blocks, and is rejected where ``ceil((L+M-1)/B)`` blocks
-  exceed the usable ones (``vllm_apc.md §2.2, §3.5, §4.1``). Exact — the same hits as the
+  exceed the usable ones (``docs/engines/apc.md §2.2, §3.5, §4.1``). Exact — the same hits as the
   replay — at every capacity that rejects no request, unless a block written twice (the
   last block of a block-aligned prompt, a prompt-logprob request) is re-used while both
   copies survive (see ``stack.py``).
@@ -161,26 +161,23 @@ def measured_mask(n: int, warmup: float = 0.0) -> np.ndarray:
 
 def _chained_units(trace: Trace, unit: int, hash_algo: str, engine_version: str | None):
     """APC's own block keys (prompt + outputs, namespaces) at block size ``unit``."""
-    from kvsim.cache.apc_fast import build_workload
-    from kvsim.replay.apc import _namespaces, apc_settings
-    from kvsim.replay.options import SimOptions
-    from kvsim.replay.requests import output_token_arrays
+    from kvsim.cache.apc.fast import APCFast
+    from kvsim.cache.apc.settings import APCSettings
+    from kvsim.replay.requests import workload
 
-    settings = apc_settings(SimOptions(block_size=unit, hash_algo=hash_algo, engine_version=engine_version))
-    out, out_off = output_token_arrays(trace)
-    lora, salt = _namespaces(trace, settings)
-    work = build_workload(trace.tokens, trace.offsets, out, out_off, ~trace.prompt_logprobs.astype(bool),
-                          lora, salt, unit, "fast")
-    return settings, work
+    settings = APCSettings(block_size=unit, hash_algo=hash_algo, engine_version=engine_version)
+    return settings, APCFast(settings).workload(workload(trace))
 
 
 def _sequence_inputs(work, unit: int, read: np.ndarray) -> dict[str, Any]:
+    from kvsim.cache.apc import rules
+
     L, M = work.prompt_len, work.output_len
-    kept = work.key_off[1:] - work.key_off[:-1]            # floor((L+M-1)/unit), 0 when L == 0
-    peak = np.where(L > 0, -(-(L + M - 1) // unit), 0)     # ceil((L+M-1)/unit)
+    kept = work.key_off[1:] - work.key_off[:-1]            # rules.kept_blocks, 0 when L == 0
+    peak = np.where(L > 0, rules.peak_blocks(L, M, unit), 0)
     return {
         "keys": work.keys, "key_off": work.key_off,
-        "cap": np.where(read & (L > 0), (L - 1) // unit, 0).astype(np.int64),
+        "cap": np.where(read & (L > 0), rules.lookup_cap_blocks(L, unit), 0).astype(np.int64),
         "phi": (peak - kept).astype(np.int64),
         "foot": np.where(L > 0, peak, NEVER).astype(np.int64),
         "unit_w": unit, "last_w": np.full(len(L), unit, np.int64),
@@ -210,8 +207,8 @@ def radix_curve(trace: Trace, page_size: int = 1, eviction_policy: str = "lru", 
 
     A request of L prompt tokens generating k keeps ``floor_page(L + k - 1)`` tokens in the
     tree, hits at most ``floor_page(L - 1)`` (a logprob request at most its
-    ``logprob_start_len``; ``sglang_radix.md §2.1, §3.3``), holds one
-    extra free page while its prefill allocates (page > 1, §5.5), and is admitted when
+    ``logprob_start_len``; ``docs/engines/radix.md §2.1, §3.3``), holds one
+    extra free page while its prefill allocates (page > 1, radix §5.5), and is admitted when
     the pool holds ``ceil_page(L) + page + 1`` tokens. At page size 1 the units are
     ``granule``-token blocks, so each hit is rounded down to a multiple of the granule.
     """
@@ -223,16 +220,17 @@ def radix_curve(trace: Trace, page_size: int = 1, eviction_policy: str = "lru", 
     p = int(page_size)
     unit = p if p > 1 else int(granule or RADIX_GRANULE)
     _, work = _chained_units(trace, unit, "fast", None)
+    from kvsim.cache.radix import rules
+
     inputs = _sequence_inputs(work, unit, np.ones(len(trace), bool))
-    starts = trace.logprob_start_len  # a logprob request matches at most its start (§2.1)
-    inputs["cap"] = np.where(starts >= 0, np.minimum(inputs["cap"], starts // unit), inputs["cap"])
     L = work.prompt_len
+    inputs["cap"] = np.where(L > 0, rules.max_prefix_lens(L, trace.logprob_start_len) // unit, 0)
     kept = work.key_off[1:] - work.key_off[:-1]
     peak = kept + inputs["phi"]
-    if p > 1:
-        peak = np.maximum(peak, -(-L // p) + 1)
+    if p > 1:   # the prefill's pages plus the extra page the allocator demands (radix §5.5)
+        peak = np.maximum(peak, rules.prefill_pages(L, p))
     inputs["phi"] = np.where(L > 0, peak - kept, 0)
-    admit = -(-L // p) * p + p + 1
+    admit = rules.admission_need(L, p)
     inputs["admit"] = np.where(L > 0, admit, NEVER)
     inputs["foot"] = np.where(L > 0, -(-admit // unit), NEVER)
     exactness = ("approximate: whole-leaf eviction is not modelled"
@@ -267,7 +265,7 @@ def block_lru_curve(trace: Trace, block_size: int | None = None, warmup: float =
 
 
 def _namespace_keys(trace: Trace) -> np.ndarray:
-    from kvsim.cache.hashing import namespace_key
+    from kvsim.cache.apc.hashing import namespace_key
 
     out = np.zeros(len(trace), np.uint64)
     for i in np.flatnonzero((trace.cache_salt >= 0) | (trace.lora >= 0)):

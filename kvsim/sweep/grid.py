@@ -47,6 +47,7 @@ class SweepPoint:
     page_size: int | None = None
     eviction_policy: str | None = None
     base: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    warmup: Any = field(default=None, compare=False, hash=False)   # kvsim.warmup window (None: none)
 
     def options(self) -> SimOptions:
         """The options of this combination's exact replay."""
@@ -64,6 +65,7 @@ class SweepPoint:
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("base")
+        d.pop("warmup")
         return d
 
 
@@ -138,13 +140,13 @@ def parse_ints(text: str | Sequence[Any], what: str) -> list[int]:
 
 def parse_eviction_policies(text: str | Sequence[Any]) -> list[str]:
     """A comma list of radix eviction policy names (checked against the radix model's list)."""
-    from kvsim.cache.evict_policy import POLICIES
+    from kvsim.cache.radix.evict import POLICIES
 
     out: list[str] = []
-    for item in split_list(text, "--eviction-policy"):
+    for item in split_list(text, "--eviction"):
         name = item.lower()
         if name not in POLICIES:
-            raise ConfigError(f"--eviction-policy: unknown policy {item!r}; choose from {', '.join(POLICIES)}")
+            raise ConfigError(f"--eviction: unknown eviction policy {item!r}; choose from {', '.join(POLICIES)}")
         if name not in out:
             out.append(name)
     return out
@@ -164,10 +166,11 @@ def parse_policies(text: str | Sequence[Any]) -> list[str]:
 
 def expand_grid(policies: Iterable[str], capacities: Sequence[Capacity], block_sizes: Sequence[int] = (16,),
                 page_sizes: Sequence[int] = (1,), eviction_policies: Sequence[str] = ("lru",),
-                base: dict[str, Any] | None = None) -> list[SweepPoint]:
+                base: dict[str, Any] | None = None, warmup: Any = None) -> list[SweepPoint]:
     """Every combination, in a fixed order: policy, then its settings, then capacity.
 
-    ``base`` holds further SimOptions fields shared by all points (model, engine version ...).
+    ``base`` holds further SimOptions fields shared by all points (model, engine version ...);
+    ``warmup`` the window every replay leaves out of its figures (:mod:`kvsim.warmup`).
     """
     if not capacities:
         raise ConfigError("--capacity: give at least one capacity")
@@ -185,7 +188,7 @@ def expand_grid(policies: Iterable[str], capacities: Sequence[Capacity], block_s
             raise ConfigError(f"policy {policy!r} cannot be swept (known: {', '.join(POLICY_SETTINGS)})")
         for s in settings:
             for cap in capacities:
-                points.append(SweepPoint(len(points), policy, cap, base=base, **s))
+                points.append(SweepPoint(len(points), policy, cap, base=base, warmup=warmup, **s))
     for p in points:
         p.options()  # fail before any replay starts
     return points

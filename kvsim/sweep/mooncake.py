@@ -69,11 +69,11 @@ def fig9_table(trace: Trace, name: str, block_size: int = 512, with_variants: bo
 
 def _apc_exact(trace: Trace, block_size: int, capacity: float) -> float:
     """Token hit rate of the exact APC replay (admitted requests), as ``kvsim sweep -p apc`` shows it."""
-    from kvsim.replay.apc import replay_apc
+    from kvsim.replay.driver import replay
     from kvsim.replay.metrics import summarize
     from kvsim.replay.options import SimOptions
 
-    result = replay_apc(trace, SimOptions(capacity_tokens=capacity, block_size=block_size))
+    result = replay("apc", trace, SimOptions(capacity_tokens=capacity, block_size=block_size))
     return float(summarize(result, trace)["token_hit_rate"])
 
 

@@ -194,9 +194,11 @@ def apc_optimal(trace: Trace, block_size: int = 16, warmup: float | int | None =
     L = trace.prompt_lengths.astype(np.int64)
     M = np.diff(out_off)                                   # >= 1: an engine samples at least one token
     read = ~trace.prompt_logprobs.astype(bool)
-    chain = np.where(L > 0, (L + M - 1) // B * B, 0)       # full blocks, the last token never computed
-    peak = np.where(L > 0, -(-(L + M - 1) // B), 0)
-    read_units = np.where(read & (L > 0), (L - 1) // B, 0)
+    from kvsim.cache.apc import rules as apc_rules
+
+    chain = np.where(L > 0, apc_rules.kept_blocks(L, M, B) * B, 0)   # full blocks, the last token never computed
+    peak = np.where(L > 0, apc_rules.peak_blocks(L, M, B), 0)
+    read_units = np.where(read & (L > 0), apc_rules.lookup_cap_blocks(L, B), 0)
 
     def rules(K: int) -> Rules:
         admitted = (L > 0) & (peak <= K)
@@ -212,7 +214,7 @@ def radix_optimal(trace: Trace, page_size: int = 1, warmup: float | int | None =
                   finish: str = "length", max_new_tokens: int | None = None,
                   chunked_prefill_size: int = 4096) -> OptimalModel:
     """The optimum under SGLang radix rules (sequential replay) at page size ``page_size``."""
-    from kvsim.cache.radix_cache import CLIP_MAX_NEW_TOKENS, UNCAPPED_MAX_NEW
+    from kvsim.cache.radix import rules as radix_rules
 
     t0 = time.perf_counter()
     tokens = trace.require_tokens("an optimal curve")
@@ -224,12 +226,11 @@ def radix_optimal(trace: Trace, page_size: int = 1, warmup: float | int | None =
     L = trace.prompt_lengths.astype(np.int64)
     wanted = np.diff(out_off)
     stop = finish == "stop"
-    want = np.full(len(L), UNCAPPED_MAX_NEW if max_new_tokens is None else int(max_new_tokens), np.int64) \
-        if stop else wanted
-    ceil_L = -(-L // p) * p
+    want = np.full(len(L), radix_rules.UNCAPPED_MAX_NEW if max_new_tokens is None else int(max_new_tokens),
+                   np.int64) if stop else wanted
     start = trace.logprob_start_len.astype(np.int64)
     # the len-1 rule, a logprob request at most its start (§2.1)
-    read_units = np.maximum(np.where(start >= 0, np.minimum(L - 1, start), L - 1), 0) // p
+    read_units = radix_rules.max_prefix_lens(L, start) // p
     # a start past the prompt is refused, and the request runs as the prompt [0] with one
     # sampled token (``logprob_aborts``): it takes room and writes that chain, counted nowhere
     aborted = start > L
@@ -246,14 +247,14 @@ def radix_optimal(trace: Trace, page_size: int = 1, warmup: float | int | None =
             fits = np.ones(len(L), bool)
         else:
             # Scheduler.init_req_max_new_tokens: generation clipped to the empty pool (§7.2)
-            max_new = np.maximum(0, np.minimum(want, T - ceil_L - p - 1))
-            fits = run_L + np.minimum(max_new, CLIP_MAX_NEW_TOKENS) + p < T
+            max_new = radix_rules.max_new_tokens_for_memory_all(L, want, T, p)
+            fits = radix_rules.admits_all(run_L, max_new, p, T)
         k = np.where(aborted, 1, np.minimum(wanted, np.maximum(max_new, 1)))
         extra = (overlap & (stop | aborted)) & (k < max_new)
         committed = run_L + k - 1 + extra                  # KV computed by the time it finishes (§3.3)
-        chain = committed // p * p
-        prefill = -(-run_L // p) + (1 if p > 1 else 0)     # the extend allocator keeps a page spare (§5.5)
-        demand = np.maximum(prefill, -(-committed // p))
+        chain = radix_rules.floor_page(committed, p)
+        prefill = radix_rules.prefill_pages(run_L, p)        # the extend allocator keeps a page spare (§5.5)
+        demand = np.maximum(prefill, radix_rules.ceil_page(committed, p) // p)
         return Rules(fits, chain, read_units, demand, fits & ~aborted)
 
     base = rules(_UNLIMITED)

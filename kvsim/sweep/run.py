@@ -20,7 +20,7 @@ from kvsim.sweep.grid import (
     parse_ints,
     parse_policies,
 )
-from kvsim.sweep.runner import Executor, run_points
+from kvsim.sweep.executors import Executor, run_points
 
 #: summary figures kept as columns, in this order
 FIGURES = ("token_hit_rate", "vllm_logged_hit_rate", "sglang_logged_hit_rate", "request_hit_rate",
@@ -88,14 +88,12 @@ def sweep(trace: Trace, policies: str | Sequence[str] = "apc,radix", capacities:
     base = dict(options)
     if model is not None:
         base["model"] = model
-    if window.active:  # the replays count only the requests after the window (runner.replay_point)
-        base["extra"] = {**dict(base.get("extra") or {}), "warmup": window}
     points = expand_grid(
         names, caps,
         block_sizes=parse_ints(block_sizes, "--block-size") if "apc" in names else (16,),
         page_sizes=parse_ints(page_sizes, "--page-size") if "radix" in names else (1,),
         eviction_policies=parse_eviction_policies(eviction_policies) if "radix" in names else ("lru",),
-        base=base)
+        base=base, warmup=window if window.active else None)   # executors.replay_point counts after it
     rows = run_points(trace, points, executor=executor, jobs=jobs, progress=progress)
     frame = _frame(points, rows)
     series = _curves(trace, points, frame, curve_points, window) if curves else []
@@ -188,3 +186,13 @@ def _curves(trace: Trace, points: list[SweepPoint], frame: pd.DataFrame, curve_p
                                float(err.max()) if len(err) else None, float(err.mean()) if len(err) else None,
                                model.exactness, model.elapsed_s, model))
     return out
+
+
+def sweep_json(trace: Trace, result: SweepResult, settings: dict[str, Any]) -> dict[str, Any]:
+    """Everything the terminal shows, plus the smooth curves, as JSON (no prompt text)."""
+    return {
+        "trace": {"sources": trace.meta.sources, "formats": trace.meta.formats, "requests": len(trace),
+                  "prompt_tokens": trace.num_prompt_tokens, "skipped_lines": trace.meta.skipped_lines},
+        "settings": settings,
+        **result.as_dict(),
+    }

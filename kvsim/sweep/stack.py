@@ -3,8 +3,8 @@
 The model (a Mattson stack adapted to prefix chains). Each request is a chain of units
 (blocks or pages, identified by prefix-chained keys). After a request ends, its units go
 on top of a recency stack, **tail first**: the last unit lowest, the first unit on top —
-vLLM's free order (``vllm_apc.md §3.5``: released in reverse, so a sequence's tail is
-evicted before its prefix) and the radix tree's leaf-first LRU eviction (``sglang_radix.md
+vLLM's free order (``docs/engines/apc.md §3.5``: released in reverse, so a sequence's tail is
+evicted before its prefix) and the radix tree's leaf-first LRU eviction (``docs/engines/radix.md
 §5``). A cache of C units holds the C top units. While request i runs it also holds
 ``phi[i]`` transient units (a partial last block) that are not kept afterwards, so a unit
 survives request i only if its depth plus ``phi[i]`` fits. The cache of every size is the
@@ -19,7 +19,7 @@ raised it or a later one with a larger phi.) A unit's prefix is always pushed af
 so D grows along a chain and every cache is prefix-closed: a request's hit at C is its
 leading units with D <= C. The phi term is exact when phi is 0 or 1 (APC's partial block)
 and an approximation for larger phi. Depths come from a Fenwick tree over 64-slot words
-of a bitset of live push slots: O(log n) per unit.
+of a bitset of live push slots (:mod:`kvsim.kernels.stack`): O(log n) per unit.
 
 Where it is not exact (callers state it): a request that cannot fit at capacity C is
 skipped by the engine but still pushes its units here; a unit re-used while an older
@@ -31,68 +31,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from kvsim.kernels.stack import clear_live, live_upto, set_live
+from kvsim.kernels.table import probe
+
 NEVER = np.int64(1) << np.int64(60)   # a threshold no capacity reaches
 _LOW = np.uint64(0xFFFFFFFF)
-
-
-@njit(cache=True, inline="always")
-def _fen_add(tree, i, v):
-    n = len(tree) - 1
-    while i <= n:
-        tree[i] += v
-        i += i & (-i)
-
-
-@njit(cache=True, inline="always")
-def _fen_prefix(tree, i):
-    s = 0
-    while i > 0:
-        s += tree[i]
-        i &= i - 1
-    return s
-
-
-@njit(cache=True, inline="always")
-def _popcount(x):
-    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
-    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
-    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
-    return np.int64((x * np.uint64(0x0101010101010101)) >> np.uint64(56))
-
-
-# The live push slots are a bitset; a Fenwick tree counts live slots per 64-slot word, so
-# the tree is 64 times smaller than the slot range and stays in cache.
-
-@njit(cache=True, inline="always")
-def _set_live(bits, tree, s):
-    w = s >> 6
-    bits[w] |= np.uint64(1) << np.uint64(s & 63)
-    _fen_add(tree, w + 1, 1)
-
-
-@njit(cache=True, inline="always")
-def _clear_live(bits, tree, s):
-    w = s >> 6
-    bits[w] &= ~(np.uint64(1) << np.uint64(s & 63))
-    _fen_add(tree, w + 1, -1)
-
-
-@njit(cache=True, inline="always")
-def _live_upto(bits, tree, s):
-    """Live slots <= s."""
-    w = s >> 6
-    sh = np.uint64(s & 63)
-    word = bits[w] & ((np.uint64(2) << sh) - np.uint64(1)) if sh < np.uint64(63) else bits[w]
-    return _fen_prefix(tree, w) + _popcount(word)
-
-
-@njit(cache=True, inline="always")
-def _probe(table, mask, key):
-    """Pair index of ``key`` in the open-addressing table (key, slot), or of its empty place."""
-    h = np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(20)) & mask
-    while table[2 * h + 1] != 0 and table[2 * h] != key:
-        h = (h + 1) & mask
-    return h
 
 
 @njit(cache=True)
@@ -114,7 +57,7 @@ def stack_pass(keys, key_off, cap, phi, foot, measured, unit_w, last_w, ghost_ph
             unhashed blocks to the queue tail).
         forward: push a request's units first-to-last (plain LRU order) instead of tail first.
         dedup: a unit past the lookup cap that is still cached is re-used (radix insert),
-            instead of written again as a second copy (vLLM, ``vllm_apc.md §3.3``).
+            instead of written again as a second copy (vLLM, ``docs/engines/apc.md §3.3``).
         out_thr, out_w: int64 outputs, at least ``cap.sum()`` long.
 
     Returns:
@@ -125,15 +68,14 @@ def stack_pass(keys, key_off, cap, phi, foot, measured, unit_w, last_w, ghost_ph
     nslots = len(keys) + 1
     if ghost_phi:
         nslots += int(phi.sum())
-    bits = np.zeros((nslots >> 6) + 1, np.uint64)
+    bits = np.zeros((nslots >> 6) + 1, np.uint64)      # the live push slots
     tree = np.zeros((nslots >> 6) + 2, np.int32)
     size = 16
     while size < (3 * len(keys)) // 2 + 2:
         size *= 2
-    mask = size - 1
-    # pairs (key, slot | request << 32): the key's current push slot (0 = empty) and the
-    # request that pushed it
-    table = np.zeros(2 * size, np.uint64)
+    # key -> its current push slot | the request that pushed it << 32 (0: never pushed)
+    tkeys = np.zeros(size, np.uint64)
+    tvals = np.zeros(size, np.uint64)
     probes = np.empty(max(1, int(cap.max()) if len(cap) else 1), np.int64)
     # candidates for "the last request that put something new above slot s": (request, min old slot)
     mst_i = np.empty(n + 1, np.int64)
@@ -153,14 +95,14 @@ def stack_pass(keys, key_off, cap, phi, foot, measured, unit_w, last_w, ghost_ph
         dmax = 0
         looked = 0  # units whose table place is known from the lookup (all found ones)
         for j in range(c):
-            h = _probe(table, mask, keys[b + j])
+            h = probe(tkeys, keys[b + j])
             probes[j] = h
-            v = table[2 * h + 1]
+            v = tvals[h]
             s = np.int64(v & _LOW)
             if s == 0:
                 break  # never seen: a miss at every capacity, and so is everything after it
             looked = j + 1
-            above = live - _live_upto(bits, tree, s)
+            above = live - live_upto(bits, tree, s)
             lo = np.int64(v >> np.uint64(32)) + 1
             extra = 0
             if lo <= r - 1 and ptop > 0:
@@ -196,27 +138,27 @@ def stack_pass(keys, key_off, cap, phi, foot, measured, unit_w, last_w, ghost_ph
         mr = NEVER
         if ghost_phi and phi[r] > 0:
             for _ in range(phi[r]):
-                _set_live(bits, tree, nxt)
+                set_live(bits, tree, nxt)
                 nxt += 1
                 live += 1
             mr = -1
         for q in range(m):
             j = q if forward else m - 1 - q
             k = keys[b + j]
-            h = probes[j] if j < looked else _probe(table, mask, k)
-            old = np.int64(table[2 * h + 1] & _LOW)
+            h = probes[j] if j < looked else probe(tkeys, k)
+            old = np.int64(tvals[h] & _LOW)
             if old != 0 and (j < c or dedup):
                 # looked up: a hit at capacities where it was cached (moved), else gone anyway
-                _clear_live(bits, tree, old)
+                clear_live(bits, tree, old)
                 live -= 1
                 if old < mr:
                     mr = old
             else:
                 # new, or past the lookup cap: a new copy; an old copy stays where it is
                 mr = -1
-                table[2 * h] = k
-            table[2 * h + 1] = np.uint64(nxt) | (np.uint64(r) << np.uint64(32))
-            _set_live(bits, tree, nxt)
+                tkeys[h] = k
+            tvals[h] = np.uint64(nxt) | (np.uint64(r) << np.uint64(32))
+            set_live(bits, tree, nxt)
             nxt += 1
             live += 1
         if mr != NEVER:

@@ -2,14 +2,11 @@
 pre-tokenized (format 3), plain or gzip, byte-identical for the same input."""
 from __future__ import annotations
 
-import gzip
 import json
-import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from kvsim.errors import ConfigError, KvsimError
 from kvsim.workloads.record import ChatRequest
@@ -83,11 +80,6 @@ def token_lines(requests: Sequence[ChatRequest], encoder: Encoder) -> Iterator[s
             yield _dumps(rec)
 
 
-def _open_target(raw: IO[bytes], gz: bool) -> IO[bytes]:
-    # mtime=0 and no file name in the gzip header keep .gz output byte-identical.
-    return gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) if gz else raw
-
-
 def write_requests(requests: Sequence[ChatRequest], path: str | Path, *, fmt: str = "chat",
                    tokenizer: str = "cl100k_base", chat_template: str = "llama3",
                    force: bool = False) -> WriteSummary:
@@ -99,34 +91,21 @@ def write_requests(requests: Sequence[ChatRequest], path: str | Path, *, fmt: st
     Refuses to replace an existing file unless ``force``; writes to a temporary file in
     the same folder and renames it, so a failure never leaves a half-written file.
     """
+    from kvsim.outputs import check_output_path, write_lines_atomic
+
     path = Path(path)
     if fmt not in FORMATS:
         raise ConfigError(f"unknown output format {fmt!r}; use chat or tokens")
-    if path.exists() and not force:
-        raise KvsimError(f"{path} already exists; pass --force to overwrite it")
-    if path.exists() and not path.is_file():
-        raise KvsimError(f"{path} exists and is not a file")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise KvsimError(f"cannot create folder {path.parent}: {e.strerror}") from None
+    check_output_path(path, force=force)
     encoder = Encoder(tokenizer, chat_template)
     if fmt == "chat":
         lines = chat_lines(count_outputs(requests, encoder))
     else:
         lines = token_lines(requests, encoder)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            out = _open_target(raw, path.name.endswith(".gz"))
-            for line in lines:
-                out.write(line.encode("utf-8") + b"\n")
-            if out is not raw:
-                out.close()
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_lines_atomic(path, (line + "\n" for line in lines))
     return WriteSummary(path=path, requests=len(requests), format=fmt, bytes=path.stat().st_size,
                         tokenizer=encoder.tokenizer.name, chat_template=chat_template)

@@ -366,8 +366,10 @@ def finish_prefill_and_decode(cache, alloc, pool, req, outputs, overlap: bool, s
 
 def load_workload(path: str) -> tuple[dict, list[dict]]:
     z = np.load(path, allow_pickle=False)
-    w = {k: z[k] for k in ("prompt_tok", "prompt_off", "out_tok", "out_off", "lora", "salt",
-                           "return_logprob", "logprob_start")}
+    w = {k: z[k] for k in ("prompt_tok", "prompt_off", "out_tok", "out_off", "lora", "salt")}
+    n = len(w["prompt_off"]) - 1   # logprob arguments are optional (none: no request asks for logprobs)
+    w["return_logprob"] = z["return_logprob"] if "return_logprob" in z.files else np.zeros(n, bool)
+    w["logprob_start"] = z["logprob_start"] if "logprob_start" in z.files else np.full(n, -1, np.int64)
     w["names"] = json.loads(str(z["names"]))
     configs = json.loads(str(z["configs"]))
     return w, configs

@@ -1,4 +1,4 @@
-"""Tree-level scenarios of ``specs/sglang_radix.md §9`` (1-14) plus 0.5.23's own, written once.
+"""Tree-level scenarios of ``docs/engines/radix.md §9`` (1-14) plus 0.5.23's own, written once.
 
 ``scenarios(make)`` runs them on any tree that the factory ``make(page_size, policy)``
 wraps with ``ins(tokens, ns=None, prio=0)``, ``m(tokens, ns=None)``, ``node(tokens)``,
