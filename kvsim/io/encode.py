@@ -120,8 +120,9 @@ def encode_requests(batch: Sequence[PendingRequest], source: int, tok: Tokenizer
 
 
 def _concat(seqs: list, total: int) -> np.ndarray:
-    """Concatenate lists of ints and int arrays into one int64 array."""
+    """Concatenate lists of ints and integer arrays into one array (int64, or the arrays'
+    common integer type)."""
     if all(isinstance(s, list) for s in seqs):
         return np.fromiter(chain.from_iterable(seqs), np.int64, count=total)
-    arrays = [np.asarray(s, np.int64) for s in seqs]
+    arrays = [s if isinstance(s, np.ndarray) else np.asarray(s, np.int64) for s in seqs]
     return np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
