@@ -46,6 +46,10 @@ class Tokenizer(ABC):
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
 
+    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Token ids of each text as an integer array (what :meth:`encode` gives)."""
+        return [_narrow(np.asarray(ids, np.int64)) for ids in self.encode_batch(texts)]
+
     @abstractmethod
     def decode(self, ids: Iterable[int]) -> str:
         ...
@@ -58,23 +62,61 @@ class Tokenizer(ABC):
         The token index of a character offset is the token that contains that character.
         """
         ids_list = self.encode_batch(texts)
-        out = []
-        for text, ids, starts in zip(texts, ids_list, char_starts):
-            tok_bytes = np.cumsum(self._byte_lengths(np.asarray(ids, np.int64)))
-            byte_starts = _char_to_byte_offsets(text, starts)
-            out.append(np.searchsorted(tok_bytes, byte_starts, side="right").tolist())
-        return ids_list, out
+        return ids_list, [self.token_starts(t, i, s) for t, i, s in zip(texts, ids_list, char_starts)]
+
+    def token_starts(self, text: str, ids: Sequence[int] | np.ndarray, char_starts: Sequence[int]) -> list[int]:
+        """For each character offset of ``text`` (whose tokens are ``ids``), the index of the
+        token that contains that character."""
+        tok_bytes = np.cumsum(self._byte_lengths(np.asarray(ids, np.int64)))
+        return np.searchsorted(tok_bytes, _char_to_byte_offsets(text, char_starts), side="right").tolist()
+
+    def split_first(self) -> tuple[str, ...] | None:
+        """The strings ``encode`` cuts the text at before anything else (its special tokens),
+        or None when cuts are not that simple. The text on either side of such a string is
+        tokenized on its own."""
+        return None
 
     def _byte_lengths(self, ids: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
 
+def _narrow(ids: np.ndarray) -> np.ndarray:
+    from kvsim.io.trace import narrow_tokens
+
+    return narrow_tokens(ids)
+
+
+def _workers() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+@functools.lru_cache(maxsize=1)
+def _executor():
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="kvsim-encode")
+
+
+def _balanced_chunks(texts: Sequence[str], k: int, min_chars: int = 1 << 16) -> list[Sequence[str]]:
+    """``texts`` cut into at most ``k`` consecutive slices of about equal total length."""
+    total = sum(map(len, texts))
+    k = max(1, min(k, len(texts), total // min_chars))
+    if k == 1:
+        return [texts]
+    bounds = np.searchsorted(np.cumsum([len(t) for t in texts]), [total * j / k for j in range(1, k)])
+    edges = [0, *(int(b) + 1 for b in bounds), len(texts)]
+    return [texts[a:b] for a, b in zip(edges, edges[1:]) if b > a]
+
+
 def _char_to_byte_offsets(text: str, starts: Sequence[int]) -> list[int]:
-    out, prev_c, prev_b = [], 0, 0
-    for c in starts:
+    """UTF-8 byte offset of each character offset (in any order)."""
+    out = [0] * len(starts)
+    prev_c = prev_b = 0
+    for k in sorted(range(len(starts)), key=starts.__getitem__):
+        c = starts[k]
         prev_b += len(text[prev_c:c].encode("utf-8", "surrogatepass"))
         prev_c = c
-        out.append(prev_b)
+        out[k] = prev_b
     return out
 
 
@@ -94,8 +136,37 @@ class TiktokenTokenizer(Tokenizer):
         # tiktoken releases the GIL in its Rust core: a thread per core pays.
         return self._enc.encode_batch(list(texts), num_threads=os.cpu_count() or 1, allowed_special="all")
 
+    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        # A few large jobs (one per core) instead of one per text, and no Python lists.
+        if not texts:
+            return []
+        chunks = _balanced_chunks(texts, _workers())
+        if len(chunks) == 1:
+            return self._encode_numpy(chunks[0])
+        out: list[np.ndarray] = []
+        for part in _executor().map(self._encode_numpy, chunks):
+            out.extend(part)
+        return out
+
+    def _encode_numpy(self, texts: Sequence[str]) -> list[np.ndarray]:
+        enc, out = self._enc, []
+        view = enc.n_vocab <= 2**31  # uint32 ids that all fit in int32
+        for text in texts:
+            try:
+                ids = enc.encode_to_numpy(text, allowed_special="all")
+            except UnicodeEncodeError:  # lone surrogates: encode() replaces them, as the engine's would
+                out.append(_narrow(np.asarray(self.encode(text), np.int64)))
+                continue
+            out.append(ids.view(np.int32) if view else ids.astype(np.int64))
+        return out
+
     def decode(self, ids: Iterable[int]) -> str:
         return self._enc.decode(list(ids))
+
+    def split_first(self) -> tuple[str, ...]:
+        # encode(allowed_special="all") finds the next special token, encodes the ordinary
+        # text before it on its own (regex and BPE within that slice only), then the token.
+        return tuple(self.special_token_ids)
 
     def _byte_lengths(self, ids: np.ndarray) -> np.ndarray:
         if self._nbytes is None:
@@ -204,6 +275,9 @@ class BytesTokenizer(Tokenizer):
                 out.extend(piece.encode("utf-8", "surrogatepass"))
         return out
 
+    def split_first(self) -> tuple[str, ...]:
+        return tuple(self.special_token_ids)
+
     def decode(self, ids: Iterable[int]) -> str:
         parts: list[str] = []
         run = bytearray()
@@ -267,13 +341,17 @@ class HFTokenizer(Tokenizer):
 
     def encode_with_starts(self, texts, char_starts):
         encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
-        ids_list, out = [], []
-        for enc, starts in zip(encs, char_starts):
-            ids_list.append(enc.ids)
-            tok_starts = np.asarray([o[0] for o in enc.offsets] or [0], np.int64)
-            idx = np.searchsorted(tok_starts, np.asarray(starts, np.int64), side="right") - 1
-            out.append(np.maximum(idx, 0).tolist())
-        return ids_list, out
+        return [e.ids for e in encs], [_offset_starts(e, s) for e, s in zip(encs, char_starts)]
+
+    def token_starts(self, text, ids, char_starts):
+        return _offset_starts(self._tok.encode(text, add_special_tokens=False), char_starts)
+
+
+def _offset_starts(enc, char_starts: Sequence[int]) -> list[int]:
+    """Token index of each character offset, from a Hugging Face encoding's offsets."""
+    tok_starts = np.asarray([o[0] for o in enc.offsets] or [0], np.int64)
+    idx = np.searchsorted(tok_starts, np.asarray(char_starts, np.int64), side="right") - 1
+    return np.maximum(idx, 0).tolist()
 
 
 # ---------------------------------------------------------------------------- factory

@@ -1,0 +1,104 @@
+"""Chat prompts tokenized piece by piece: each distinct piece once.
+
+A multi-turn log resends the whole history every turn, so most of its text is pieces seen
+before: the system prompt, earlier questions and replies. The chat template renders a prompt
+as pieces (:class:`~kvsim.io.templates.RenderedPieces`, one per message as rendered at its
+position, plus the template's own text); :class:`PieceEncoder` tokenizes each distinct piece
+once, in bulk, and assembles every prompt from its pieces' tokens.
+
+Why the result is the prompt's own tokenization: tiktoken and the bytes tokenizer first cut
+the text at special tokens and tokenize the ordinary text between two of them on its own
+(``Tokenizer.split_first``). A cut of the prompt right after or right before a special token
+is such a place, so the tokens on either side do not depend on the other side, provided no
+two special tokens can overlap in a text (one ending with the start of another, or one inside
+another; checked once per tokenizer). Pieces whose cut is not next to a special token (the
+``plain`` template, say, or a Jinja template that joins messages with plain text) are joined
+and tokenized together, so the assembled tokens always equal tokenizing the whole prompt
+(``tests/test_io_pieces.py`` checks this token for token for every template).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from kvsim.io.templates import RenderedPieces
+from kvsim.io.tokenizers import Tokenizer
+
+#: tokens held for reuse, in bytes of ids; beyond it the cache starts over
+MAX_CACHED_BYTES = 256 << 20
+
+
+def overlap_free(specials: Sequence[str]) -> bool:
+    """No special token is inside another, and none ends with the start of another."""
+    for a in specials:
+        for b in specials:
+            if a != b and a in b:
+                return False
+            if any(a.endswith(b[:k]) for k in range(1, min(len(a), len(b)))):
+                return False
+    return True
+
+
+def cut_strings(tok: Tokenizer) -> tuple[str, ...] | None:
+    """The special tokens next to which a prompt may be cut for ``tok`` (None: nowhere)."""
+    specials = tok.split_first()
+    if specials is None:
+        return None
+    specials = tuple(s for s in specials if s)
+    return specials if overlap_free(specials) else None
+
+
+class PieceEncoder:
+    """Tokenizes rendered chat prompts, each distinct run of pieces once per load."""
+
+    def __init__(self, tok: Tokenizer, specials: tuple[str, ...]) -> None:
+        self.tok = tok
+        self.specials = specials
+        self.longest = max((len(s) for s in specials), default=0)
+        self.cache: dict[str, np.ndarray] = {}
+        self.held = 0
+
+    def runs(self, rendered: RenderedPieces) -> tuple[list[str], list[tuple[int, int]]]:
+        """The prompt as runs of pieces tokenized together, and where each piece sits
+        (run index, character offset in the run). A run ends where the text so far ends
+        with a special token or the next piece starts with one."""
+        runs: list[str] = []
+        where: list[tuple[int, int]] = []
+        current: list[str] = []
+        length, tail = 0, ""
+        for piece in rendered.pieces:
+            if current and (tail.endswith(self.specials) or piece.startswith(self.specials)):
+                runs.append("".join(current))
+                current, length, tail = [], 0, ""
+            where.append((len(runs), length))
+            current.append(piece)
+            length += len(piece)
+            if self.longest:
+                tail = piece[-self.longest:] if len(piece) >= self.longest else (tail + piece)[-self.longest:]
+        runs.append("".join(current))
+        return runs, where
+
+    def encode(self, prompts: Sequence[RenderedPieces]) -> tuple[list[np.ndarray], list[list[int]]]:
+        """Token ids of each prompt, and the token index where each of its messages starts."""
+        split = [self.runs(p) for p in prompts]
+        if self.held > MAX_CACHED_BYTES:
+            self.cache, self.held = {}, 0
+        missing = [r for r in dict.fromkeys(r for runs, _ in split for r in runs) if r not in self.cache]
+        for text, ids in zip(missing, self.tok.encode_arrays(missing)):
+            self.cache[text] = ids
+            self.held += ids.nbytes
+        out_ids, out_starts = [], []
+        for rendered, (runs, where) in zip(prompts, split):
+            parts = [self.cache[r] for r in runs]
+            first = np.zeros(len(parts) + 1, np.int64)
+            np.cumsum([len(a) for a in parts], out=first[1:])
+            starts = []
+            for piece, char in rendered.starts:
+                run, offset = where[piece]
+                offset += char
+                inside = 0 if offset == 0 else self.tok.token_starts(runs[run], parts[run], [offset])[0]
+                starts.append(int(first[run]) + inside)
+            out_ids.append(parts[0] if len(parts) == 1 else np.concatenate(parts))
+            out_starts.append(starts)
+        return out_ids, out_starts
