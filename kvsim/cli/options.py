@@ -60,12 +60,13 @@ def load_from_cli(
     Says on stderr which tokenizer was used when it was a fallback, and how many bad
     lines ``--on-error skip`` skipped.
     """
-    from kvsim.cli.app import err_console
+    from kvsim.cli.app import err_console, session
     from kvsim.io.load import load_trace
 
     trace = load_trace(
         paths, format=fmt, tokenizer=tokenizer, chat_template=chat_template,
         trace_block_size=trace_block_size, on_error=on_error, limit=limit, progress=True,
+        cache=session["trace_cache"],
     )
     for note in trace.meta.notes:
         if note.startswith("tokenizer:"):

