@@ -8,13 +8,14 @@ import typer
 
 LogPaths = Annotated[
     list[Path],
-    typer.Argument(help="Prompt log(s): JSONL (plain or .gz), Mooncake hash-id JSONL, ShareGPT, Azure CSV.",
+    typer.Argument(help="Prompt log(s): JSONL (plain or .gz), Mooncake hash-id JSONL, ShareGPT, Azure CSV, "
+                   "Parquet trace.",
                    show_default=False),
 ]
 FormatOpt = Annotated[
     str,
     typer.Option("--format", "-f", help="Input format: auto, chat, completion, tokens, mooncake, sharegpt, "
-                 "kvcache-tester, azure-csv.", rich_help_panel="Input"),
+                 "kvcache-tester, azure-csv, parquet.", rich_help_panel="Input"),
 ]
 TokenizerOpt = Annotated[
     str,

@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from kvsim.errors import ConfigError
 from kvsim.io.detect import detect_format
+from kvsim.io.parquet import is_parquet
 from kvsim.io.readers import READERS, LoadContext
 from kvsim.io.source import Source, check_input
 from kvsim.io.trace import Trace, TraceMeta
@@ -56,7 +57,7 @@ def load_trace(
     _check_options(format, trace_block_size, on_error, limit)
     for p in sources:
         check_input(p)
-    if not cache:
+    if not cache or all(is_parquet(p) for p in sources):  # Parquet is read about as fast as mapped
         return _read(sources, format, tokenizer, chat_template, trace_block_size, on_error, limit, progress,
                       reader_options)
     from kvsim.io import trace_cache
@@ -123,6 +124,11 @@ def _check_options(fmt: str, block: int, on_error: str, limit: int | None) -> No
 
 def _describe(ctx: LoadContext, meta: TraceMeta) -> None:
     """Fill the meta fields that say how the tokens were produced."""
+    if ctx.recorded:  # a converted trace says how its tokens were made
+        meta.tokenizer = ctx.recorded.get("tokenizer")
+        meta.chat_template = ctx.recorded.get("chat_template")
+        meta.hash_block_size = ctx.recorded.get("hash_block_size")
+        meta.notes.extend(ctx.recorded.get("notes") or [])
     if ctx.used_tokenizer:
         meta.tokenizer = ctx.tokenizer.name
         meta.notes.extend(ctx.tokenizer.notes)

@@ -38,6 +38,7 @@ class LoadContext:
     used_template: bool = False
     hash_block_sizes: list[int] = field(default_factory=list)
     models: set[str] = field(default_factory=set)
+    recorded: dict[str, Any] | None = None  # meta stored with a converted trace (Parquet)
     executor: ThreadPoolExecutor | None = None
     _tokenizer: Tokenizer | None = None
     _template: ChatTemplate | None = None
