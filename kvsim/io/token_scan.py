@@ -26,6 +26,7 @@ PROMPT_KEY = np.frombuffer(b"prompt_token_ids", np.uint8)
 OUTPUT_KEY = np.frombuffer(b"output_token_ids", np.uint8)
 
 _QUOTE, _BACKSLASH, _COMMA, _COLON = 34, 92, 44, 58
+_U0, _U9, _U10, _U48 = np.uint64(0), np.uint64(9), np.uint64(10), np.uint64(48)
 _LBRACE, _RBRACE, _LBRACKET, _RBRACKET = 123, 125, 91, 93
 
 
@@ -87,31 +88,26 @@ def _parse_ids(buf, i, end, out, pos, allow_empty):
     """Parse the id array at buf[i] == '['. Returns (index after ']', new pos, max id), or
     (-1, pos, 0) when the array is not plain non-negative integers."""
     i = _ws(buf, i + 1, end)
-    top = 0
+    top = _U0
     if i < end and buf[i] == _RBRACKET:
         if allow_empty:
-            return i + 1, pos, top
+            return i + 1, pos, 0
         return -1, pos, 0
     while i < end:
-        d = np.int64(buf[i]) - 48
-        if d < 0 or d > 9:
+        first = i
+        d = np.uint64(buf[i]) - _U48  # wraps around below '0': one comparison per byte
+        if d > _U9:
             return -1, pos, 0
-        i += 1
         v = d
-        if d == 0:
-            if i < end and 0 <= np.int64(buf[i]) - 48 <= 9:
-                return -1, pos, 0  # a leading zero is not JSON
-        else:
-            digits = 1
-            while i < end:
-                d = np.int64(buf[i]) - 48
-                if d < 0 or d > 9:
-                    break
-                v = v * 10 + d
-                digits += 1
-                i += 1
-            if digits > MAX_DIGITS:
-                return -1, pos, 0
+        i += 1
+        while i < end:
+            d = np.uint64(buf[i]) - _U48
+            if d > _U9:
+                break
+            v = v * _U10 + d
+            i += 1
+        if i - first > MAX_DIGITS or (buf[first] == 48 and i - first > 1):
+            return -1, pos, 0  # too long for int64, or a leading zero (not JSON)
         out[pos] = v
         pos += 1
         if v > top:
@@ -126,7 +122,7 @@ def _parse_ids(buf, i, end, out, pos, allow_empty):
         if c == _COMMA:
             i = _ws(buf, i + 1, end)
         elif c == _RBRACKET:
-            return i + 1, pos, top
+            return i + 1, pos, np.int64(top)
         else:
             return -1, pos, 0
     return -1, pos, 0
