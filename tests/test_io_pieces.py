@@ -10,10 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvsim
+import kvsim.errors
 from kvsim.io.pieces import PieceEncoder, cut_strings, overlap_free
 from kvsim.io.readers.base import LoadContext
 from kvsim.io.templates import BUILTIN, get_template
 from kvsim.io.tokenizers import get_tokenizer
+from test_io_fuzz import VALID as FUZZ_VALID
 from trace_equal import assert_same_trace
 
 jinja2 = pytest.importorskip("jinja2")
@@ -164,3 +166,33 @@ def test_sharegpt_reads_the_same_piecewise_and_whole(tmp_path, monkeypatch):
     fast = kvsim.load_trace(path, chat_template="mistral")
     monkeypatch.setattr(LoadContext, "piecewise", False)
     assert_same_trace(fast, kvsim.load_trace(path, chat_template="mistral"))
+
+
+# -- fuzzing: random chat and ShareGPT records, read both ways ---------------------------------
+def _outcome(path, **kw):
+    try:
+        return kvsim.load_trace(path, **kw)
+    except kvsim.errors.KvsimError as e:
+        return str(e)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(records=st.lists(st.one_of(*(FUZZ_VALID[k] for k in ("chat", "sharegpt"))), min_size=1, max_size=4),
+       name=st.sampled_from(list(BUILTIN)), tokenizer=st.sampled_from(TOKENIZERS),
+       on_error=st.sampled_from(["fail", "skip"]))
+def test_random_chat_records_read_the_same_piecewise_and_whole(tmp_path_factory, records, name, tokenizer,
+                                                                on_error):
+    path = tmp_path_factory.mktemp("fuzz") / "log.jsonl"
+    path.write_bytes("".join(json.dumps(r) + "\n" for r in records).encode("utf-8", "surrogatepass"))
+    kw = dict(chat_template=name, tokenizer=tokenizer, on_error=on_error)
+    fast = _outcome(path, **kw)
+    LoadContext.piecewise = False
+    try:
+        whole = _outcome(path, **kw)
+    finally:
+        LoadContext.piecewise = True
+    if isinstance(fast, str) or isinstance(whole, str):
+        assert fast == whole
+    else:
+        assert_same_trace(fast, whole)

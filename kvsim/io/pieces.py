@@ -61,23 +61,32 @@ class PieceEncoder:
 
     def runs(self, rendered: RenderedPieces) -> tuple[list[str], list[tuple[int, int]]]:
         """The prompt as runs of pieces tokenized together, and where each piece sits
-        (run index, character offset in the run). A run ends where the text so far ends
-        with a special token or the next piece starts with one."""
+        (run index, character offset in the run). A run ends where the next piece starts
+        with a special token or the text so far ends with one."""
+        specials = self.specials
         runs: list[str] = []
         where: list[tuple[int, int]] = []
         current: list[str] = []
-        length, tail = 0, ""
+        length = 0
         for piece in rendered.pieces:
-            if current and (tail.endswith(self.specials) or piece.startswith(self.specials)):
-                runs.append("".join(current))
-                current, length, tail = [], 0, ""
+            if current and (piece.startswith(specials) or self._ends_special(current)):
+                runs.append(current[0] if len(current) == 1 else "".join(current))
+                current, length = [], 0
             where.append((len(runs), length))
             current.append(piece)
             length += len(piece)
-            if self.longest:
-                tail = piece[-self.longest:] if len(piece) >= self.longest else (tail + piece)[-self.longest:]
-        runs.append("".join(current))
+        runs.append(current[0] if len(current) == 1 else "".join(current))
         return runs, where
+
+    def _ends_special(self, current: list[str]) -> bool:
+        last = current[-1]
+        if len(last) >= self.longest or len(current) == 1:
+            return last.endswith(self.specials)
+        tail, k = "", len(current)
+        while k and len(tail) < self.longest:  # a special token may span the last pieces
+            k -= 1
+            tail = current[k] + tail
+        return tail.endswith(self.specials)
 
     def encode(self, prompts: Sequence[RenderedPieces]) -> tuple[list[np.ndarray], list[list[int]]]:
         """Token ids of each prompt, and the token index where each of its messages starts."""
@@ -88,17 +97,21 @@ class PieceEncoder:
         for text, ids in zip(missing, self.tok.encode_arrays(missing)):
             self.cache[text] = ids
             self.held += ids.nbytes
-        out_ids, out_starts = [], []
+        cache, out_ids, out_starts = self.cache, [], []
         for rendered, (runs, where) in zip(prompts, split):
-            parts = [self.cache[r] for r in runs]
-            first = np.zeros(len(parts) + 1, np.int64)
-            np.cumsum([len(a) for a in parts], out=first[1:])
+            parts = [cache[r] for r in runs]
+            first, total = [], 0
+            for a in parts:
+                first.append(total)
+                total += len(a)
             starts = []
             for piece, char in rendered.starts:
                 run, offset = where[piece]
                 offset += char
-                inside = 0 if offset == 0 else self.tok.token_starts(runs[run], parts[run], [offset])[0]
-                starts.append(int(first[run]) + inside)
+                if offset:  # a message that starts inside a run
+                    starts.append(first[run] + self.tok.token_starts(runs[run], parts[run], [offset])[0])
+                else:
+                    starts.append(first[run])
             out_ids.append(parts[0] if len(parts) == 1 else np.concatenate(parts))
             out_starts.append(starts)
         return out_ids, out_starts
