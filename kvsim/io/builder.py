@@ -37,6 +37,12 @@ class Categories:
             self.names.append(value)
         return c
 
+    def codes(self, values: list[str | None]) -> list[int]:
+        """The codes of several values (new ones numbered in order)."""
+        get = self.index.get
+        out = [get(v) for v in values]
+        return out if None not in out else [self.code(v) for v in values]
+
 
 class Synthesizer(Protocol):
     """Prompt tokens produced at build time (hash-id traces)."""

@@ -18,6 +18,7 @@ and tokenized together, so the assembled tokens always equal tokenizing the whol
 """
 from __future__ import annotations
 
+from itertools import accumulate, repeat
 from typing import Sequence
 
 import numpy as np
@@ -59,11 +60,15 @@ class PieceEncoder:
         self.cache: dict[str, np.ndarray] = {}
         self.held = 0
 
-    def runs(self, rendered: RenderedPieces) -> tuple[list[str], list[tuple[int, int]]]:
+    def runs(self, rendered: RenderedPieces) -> tuple[list[str], list[tuple[int, int]] | None]:
         """The prompt as runs of pieces tokenized together, and where each piece sits
-        (run index, character offset in the run). A run ends where the next piece starts
-        with a special token or the text so far ends with one."""
+        (run index, character offset in the run; None when every piece is a run of its own).
+        A run ends where the next piece starts with a special token or the text so far ends
+        with one."""
         specials = self.specials
+        pieces = rendered.pieces
+        if all(map(str.startswith, pieces[1:], repeat(specials))):  # built-in templates, mostly
+            return pieces, None
         runs: list[str] = []
         where: list[tuple[int, int]] = []
         current: list[str] = []
@@ -100,18 +105,19 @@ class PieceEncoder:
         cache, out_ids, out_starts = self.cache, [], []
         for rendered, (runs, where) in zip(prompts, split):
             parts = [cache[r] for r in runs]
-            first, total = [], 0
-            for a in parts:
-                first.append(total)
-                total += len(a)
-            starts = []
-            for piece, char in rendered.starts:
-                run, offset = where[piece]
-                offset += char
-                if offset:  # a message that starts inside a run
-                    starts.append(first[run] + self.tok.token_starts(runs[run], parts[run], [offset])[0])
-                else:
-                    starts.append(first[run])
+            first = [0, *accumulate(map(len, parts))]
+            if where is None and not any(char for _, char in rendered.starts):
+                starts = [first[piece] for piece, _ in rendered.starts]  # every message starts a run
+            else:
+                starts = [self._start(runs, parts, first, where, piece, char) for piece, char in rendered.starts]
             out_ids.append(parts[0] if len(parts) == 1 else np.concatenate(parts))
             out_starts.append(starts)
         return out_ids, out_starts
+
+    def _start(self, runs, parts, first, where, piece: int, char: int) -> int:
+        """Token index where a message starts (character ``char`` of piece ``piece``)."""
+        run, offset = (piece, 0) if where is None else where[piece]
+        offset += char
+        if not offset:
+            return first[run]
+        return first[run] + self.tok.token_starts(runs[run], parts[run], [offset])[0]

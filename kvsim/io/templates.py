@@ -89,21 +89,18 @@ class ChatTemplate:
 
 def _llama3(messages: Sequence[Message]) -> RenderedPieces:
     # bos_token + content for the first message: the BOS is a piece of its own, owned by message 0
-    pieces = ["<|begin_of_text|>"]
-    starts = [(0, 0)] if messages else []
-    for role, content in messages:
-        if pieces[1:]:
-            starts.append((len(pieces), 0))
-        pieces.append(f"<|start_header_id|>{role}<|end_header_id|>\n\n{content.strip()}<|eot_id|>")
-    pieces.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    pieces = ["<|begin_of_text|>",
+              *[f"<|start_header_id|>{role}<|end_header_id|>\n\n{content.strip()}<|eot_id|>"
+                for role, content in messages],
+              "<|start_header_id|>assistant<|end_header_id|>\n\n"]
+    starts = [(0, 0), *[(k, 0) for k in range(2, len(messages) + 1)]] if messages else []
     return RenderedPieces(pieces, starts, [r for r, _ in messages])
 
 
 def _chatml(messages: Sequence[Message]) -> RenderedPieces:
     pieces = [f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in messages]
-    starts = [(k, 0) for k in range(len(pieces))]
     pieces.append("<|im_start|>assistant\n")
-    return RenderedPieces(pieces, starts, [r for r, _ in messages])
+    return RenderedPieces(pieces, [(k, 0) for k in range(len(messages))], [r for r, _ in messages])
 
 
 def _mistral(messages: Sequence[Message]) -> RenderedPieces:
@@ -144,9 +141,8 @@ def _mistral(messages: Sequence[Message]) -> RenderedPieces:
 
 def _plain(messages: Sequence[Message]) -> RenderedPieces:
     pieces = [f"{role}: {content}\n\n" for role, content in messages]
-    starts = [(k, 0) for k in range(len(pieces))]
     pieces.append("assistant: ")
-    return RenderedPieces(pieces, starts, [r for r, _ in messages])
+    return RenderedPieces(pieces, [(k, 0) for k in range(len(messages))], [r for r, _ in messages])
 
 
 BUILTIN: dict[str, ChatTemplate] = {

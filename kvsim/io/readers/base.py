@@ -187,7 +187,7 @@ class JsonRequestReader(Reader):
         except TemplateRenderError as e:
             raise BadRecord(f"chat template {ctx.template.name} cannot render these messages: {e}") from None
         ctx.used_template = True
-        roles = [ctx.builder.roles.code(r) for r in rendered.roles]
+        roles = ctx.builder.roles.codes(rendered.roles)
         if ctx.pieces is not None:
             return dict(prompt_pieces=rendered, msg_roles=roles)
         whole = rendered.joined()
