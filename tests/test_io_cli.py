@@ -16,7 +16,7 @@ CHAT = [
     {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "secret question"}],
      "response": "secret answer", "timestamp": 5, "user": "t1", "cache_salt": "x", "lora": "a",
      "session_id": "s", "request_id": "r1", "prompt_logprobs": True},
-    {"messages": [{"role": "user", "content": "another"}], "max_tokens": 7},
+    {"messages": [{"role": "user", "content": "another"}], "max_tokens": 7, "logprob_start_len": 1},
 ]
 
 
@@ -63,6 +63,7 @@ def test_export_round_trip(tmp_path, capsys, suffix):
     assert np.array_equal(a.output_tokens, b.output_tokens)
     assert np.array_equal(a.arrival, b.arrival, equal_nan=True)
     assert np.array_equal(a.prompt_logprobs, b.prompt_logprobs)
+    assert np.array_equal(a.logprob_start_len, b.logprob_start_len) and a.logprob_start_len[:2].tolist() == [0, 1]
     for col in ("tenant", "cache_salt", "lora", "session"):
         assert [a.name_of(col, c) for c in getattr(a, col)] == [b.name_of(col, c) for c in getattr(b, col)]
     assert [a.request_id(i) for i in range(len(a))] == [b.request_id(i) for i in range(len(b))]

@@ -87,6 +87,39 @@ def test_chat_fields(tmp_path):
     assert t.role_names == ["user"]
 
 
+def test_logprob_fields(tmp_path):
+    """What each engine makes of a record's logprob arguments (vLLM: skip the cache read;
+    SGLang: cap the match at logprob_start_len)."""
+    msg = [{"role": "user", "content": "hello there"}]
+    recs = [
+        {"prompt_token_ids": [1, 2, 3], "prompt_logprobs": 0},            # vLLM: 0 is not None
+        {"prompt_token_ids": [1, 2, 3], "prompt_logprobs": False},
+        {"prompt_token_ids": [1, 2, 3], "logprob_start_len": 2},           # SGLang native
+        {"prompt_token_ids": [1, 2, 3], "logprob_start_len": 2, "return_logprob": False},
+        {"prompt_token_ids": [1, 2, 3], "logprob_start_len": -1, "return_logprob": True},
+        {"prompt_token_ids": [1, 2, 3], "prompt_logprobs": 5, "logprob_start_len": 1},
+    ]
+    t = kvsim.load_trace(write_jsonl(tmp_path / "tok.jsonl", recs))
+    assert t.prompt_logprobs.tolist() == [True, False, False, False, False, True]
+    assert t.logprob_start_len.tolist() == [0, -1, 2, -1, -1, 1]
+    chat = [{"messages": msg, "logprob_start_len": 4},
+            {"messages": msg, "echo": True, "top_logprobs": 2},              # vLLM only: SGLang chat uses -1
+            {"messages": msg, "prompt_logprobs": True}]
+    t = kvsim.load_trace(write_jsonl(tmp_path / "chat.jsonl", chat))
+    assert t.prompt_logprobs.tolist() == [False, True, True]
+    assert t.logprob_start_len.tolist() == [4, -1, 0]
+    comp = [{"prompt": "a b c", "echo": True, "logprobs": 1},
+            {"prompt": "a b c", "echo": True, "logprobs": 0},               # SGLang: 0 is falsy, no cap
+            {"prompt": "a b c", "logprobs": 3}]                             # output logprobs only
+    t = kvsim.load_trace(write_jsonl(tmp_path / "comp.jsonl", comp))
+    assert t.prompt_logprobs.tolist() == [True, True, False]
+    assert t.logprob_start_len.tolist() == [0, -1, -1]
+    for bad in (-2, 1.5, "3", True):
+        path = write_jsonl(tmp_path / "bad.jsonl", [{"prompt_token_ids": [1, 2], "logprob_start_len": bad}])
+        with pytest.raises(KvsimError, match="logprob_start_len must be an integer >= -1"):
+            kvsim.load_trace(path)
+
+
 def test_message_spans_in_tokens(tmp_path):
     recs = conversation(2)
     t = kvsim.load_trace(write_jsonl(tmp_path / "chat.jsonl", recs[1:]))

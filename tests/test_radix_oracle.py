@@ -11,13 +11,18 @@ the Python trees (``RadixCache`` and the unified tree's Python core) the final t
 shapes must be equal too (the Rust core does not expose its nodes).
 
 The reference for kvsim's default is the tree a default server builds:
-``UnifiedRadixCache`` with the Rust core (``tree="unified"``). 24 configurations x
+``UnifiedRadixCache`` with the Rust core (``tree="unified"``). 25 configurations x
 1,000 requests: page sizes 1, 16, 64; all eight eviction policies; both trees; overlap
 on and off; finish by length and by stop token; LoRA and cache-salt namespaces,
 multi-turn sessions, re-sent and truncated prompts; chunked prefill; capacities that
-force thousands of evictions.
+force thousands of evictions. 12 more configurations x 1,000 requests (page sizes 1 and
+16, both trees, six eviction policies) add logprob requests: prompt logprobs, explicit
+``logprob_start_len`` values (many cutting inside a page), output-only logprobs and
+starts past the prompt, which SGLang refuses.
 """
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -25,7 +30,7 @@ import pytest
 from kvsim.cache.base import Request
 from kvsim.cache.radix_cache import RadixCacheModel, namespace
 from kvsim.cache.radix_fast import FastRadixEngine
-from tests.oracle.sglang_workloads import Workload, make_workload, run_oracle
+from tests.oracle.sglang_workloads import Workload, add_logprob_requests, make_workload, run_oracle
 
 pytestmark = pytest.mark.oracle
 
@@ -80,7 +85,9 @@ def kvsim_kwargs(cfg: dict) -> dict:
 
 
 def columns(real: dict) -> list[tuple]:
-    return list(zip(real["cached"], real["rejected"], real["evicted_tokens"], real["evicted_leaves"],
+    # kvsim reports a request SGLang refused for its logprob start as rejected
+    rejected = [r or a for r, a in zip(real["rejected"], real["aborted"])]
+    return list(zip(real["cached"], rejected, real["evicted_tokens"], real["evicted_leaves"],
                     real["available"], real["tree_total"], real["evictable"]))
 
 
@@ -105,6 +112,101 @@ def test_fast_engine_matches_sglang(oracle, cfg):
     assert sum(r[0] for r in expected) > 0
     if real["paths"] is not None:
         assert [tuple(x) for x in real["paths"]] == eng.paths()
+
+
+# Logprob requests (issue: prompt logprobs cap the match at logprob_start_len, §2.1):
+# prompt logprobs (start 0), explicit starts (many cutting inside a page), output-only
+# logprobs (no cap), starts past the prompt (SGLang refuses them), ignored starts.
+LOGPROB_CONFIGS = (
+    [_cfg(1, policy=pol) for pol in ("lru", "lfu", "slru")]
+    + [_cfg(1, tree="radix", policy=pol) for pol in ("lru", "fifo")]
+    + [_cfg(16, policy=pol) for pol in ("lru", "priority", "fifo")]
+    + [_cfg(16, tree="radix", policy=pol) for pol in ("lru", "lfu")]
+    + [_cfg(16, tree="unified-python", policy="mru", overlap=False), _cfg(16, finish="stop")]
+)
+
+
+def _logprob_workload(p: int) -> Workload:
+    w = WORKLOADS[p]
+    base = make_workload(w["seed"] + 1, N, sys_len=w["sys_len"], turn_len=w["turn_len"], out_len=w["out_len"],
+                         p_retry=0.08)
+    return add_logprob_requests(base, w["seed"] + 2, page=16)
+
+
+@pytest.fixture(scope="module")
+def logprob_oracle(tmp_path_factory):
+    jobs = [(_logprob_workload(p), [c for c in LOGPROB_CONFIGS if c["page_size"] == p]) for p in (1, 16)]
+    results = run_oracle(jobs, tmp_path_factory.mktemp("sglang_logprob"))
+    return {json.dumps(c, sort_keys=True): r for (_, cfgs), rs in zip(jobs, results) for c, r in zip(cfgs, rs)}
+
+
+def _serve_fast(cfg: dict, w: Workload, starts: list[int]) -> tuple[FastRadixEngine, list[tuple]]:
+    eng = FastRadixEngine(**kvsim_kwargs(cfg))
+    got = []
+    for prompt, out, lora, salt, start in zip(w.prompts, w.outputs, w.loras, w.salts, starts):
+        o = eng.serve(np.concatenate([prompt, out]).astype(np.int64), len(prompt), len(out), namespace(lora, salt),
+                      start)
+        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evicted_leaves, eng.avail,
+                    eng.total_size, eng.evictable))
+    return eng, got
+
+
+@pytest.mark.parametrize("cfg", LOGPROB_CONFIGS, ids=lambda c: f"p{c['page_size']}-{c['tree']}-{c['eviction_policy']}-"
+                         f"{'ov' if c['overlap'] else 'noov'}-{c['finish']}")
+def test_logprob_requests_match_sglang(logprob_oracle, cfg):
+    """Prompt-logprob and explicit-start requests: same hits, rejections, evictions and
+    sizes as SGLang, request for request; without the cap kvsim would differ."""
+    real = logprob_oracle[json.dumps(cfg, sort_keys=True)]
+    w = _logprob_workload(cfg["page_size"])
+    starts = w.starts()
+    eng, got = _serve_fast(cfg, w, starts)
+    expected = columns(real)
+    first_bad = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), None)
+    assert first_bad is None, (f"request {first_bad} (start {starts[first_bad]}, prompt "
+                               f"{len(w.prompts[first_bad])}): kvsim {got[first_bad]} != sglang {expected[first_bad]}")
+    assert (eng.log_hit, eng.log_input) == (real["log_hit_tokens"], real["log_input_tokens"])
+    if real["paths"] is not None:
+        assert [tuple(x) for x in real["paths"]] == eng.paths()
+    # the workload exercises the rule: capped starts, starts inside a page, refusals
+    L = np.array([len(x) for x in w.prompts])
+    st = np.array(starts)
+    capped = (st >= 0) & (st < L - 1)
+    assert capped.sum() > 50 and ((st % 16 != 0) & capped).sum() > 20 and sum(real["aborted"]) > 0
+    assert sum(r[2] for r in expected) > 5 * cfg["capacity"], "the capacity should force many evictions"
+    _, uncapped = _serve_fast(cfg, w, [-1] * len(starts))
+    assert [g[0] for g in uncapped] != [e[0] for e in expected], "the cap should change some hits"
+
+
+@pytest.mark.parametrize("cfg", [LOGPROB_CONFIGS[0], LOGPROB_CONFIGS[3], LOGPROB_CONFIGS[5], LOGPROB_CONFIGS[8]],
+                         ids=lambda c: f"p{c['page_size']}-{c['tree']}-{c['eviction_policy']}")
+def test_reference_model_logprob_requests_match_sglang(logprob_oracle, cfg):
+    """The readable model on the logprob workloads (a few configurations; it is slow)."""
+    real = logprob_oracle[json.dumps(cfg, sort_keys=True)]
+    w = _logprob_workload(cfg["page_size"])
+    m = RadixCacheModel(**kvsim_kwargs(cfg))
+    got = []
+    for i, (prompt, out, lora, salt, start) in enumerate(zip(w.prompts, w.outputs, w.loras, w.salts, w.starts())):
+        o = m.serve(Request(str(i), prompt, out, lora=lora, cache_salt=salt, logprob_start_len=start))
+        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evicted_leaves, int(m.available()),
+                    m.tree.total_size, m.tree.evictable_size))
+    assert got == columns(real)
+
+
+def test_replay_radix_with_logprob_requests_matches_sglang(logprob_oracle):
+    """End to end through the trace column: replay_radix on the logprob workload."""
+    from kvsim.replay.options import SimOptions
+    from kvsim.replay.radix import replay_radix
+
+    cfg = LOGPROB_CONFIGS[5]
+    real = logprob_oracle[json.dumps(cfg, sort_keys=True)]
+    w = _logprob_workload(16)
+    options = SimOptions(max_total_tokens=cfg["capacity"], page_size=16, eviction_policy="lru",
+                         extra={"chunked_prefill_size": cfg["chunked_prefill_size"]})
+    for engine in ("fast", "reference"):
+        result = replay_radix(w.trace(), options, engine=engine)
+        assert list(result.cached_tokens) == real["cached"]
+        assert list(result.evicted_tokens) == real["evicted_tokens"]
+        assert list(result.rejected) == [r or a for r, a in zip(real["rejected"], real["aborted"])]
 
 
 @pytest.mark.parametrize("cfg", [c for c in CONFIGS if c["page_size"] == 1][:4] + [CONFIGS[-2]],
@@ -193,6 +295,33 @@ def test_scenarios_on_the_real_flow(tmp_path):
             assert [o.evicted_tokens for o in outs] == r["evicted_tokens"]
             if r["paths"] is not None:
                 assert [tuple(x) for x in r["paths"]] == eng.paths()
+
+
+def test_logprob_scenarios_on_the_real_flow(tmp_path):
+    """The logprob scenarios of test_radix_scenarios.py, through the real scheduler flow,
+    both trees: same cached tokens, refusals and tree sizes as SGLang."""
+    from tests.test_radix_scenarios import P, serve_starts
+
+    first, second = P + [11, 12], P + [11, 12, 13, 14]
+    cases = [([(P, [77, 78, 79, 80, 81], -1), (P, [5], 0), (P, [6], -1)], 1),
+             ([(P, [5], -1), (P, [6, 7, 8], 11)], 1)]
+    cases += [([(first, [99], -1), (second, [5], s)], page) for page in (1, 4) for s in (6, 7, 8, 12, 14)]
+    jobs = []
+    for reqs, page in cases:
+        w = Workload([np.array(p) for p, _, _ in reqs], [np.array(o) for _, o, _ in reqs], [None] * len(reqs),
+                     [None] * len(reqs), [s >= 0 for _, _, s in reqs], [s for _, _, s in reqs])
+        jobs.append((w, [dict(tree=t, page_size=page, eviction_policy="lru", capacity=100_000,
+                              max_context_len=4096, overlap=True, chunked_prefill_size=4096, finish="length",
+                              max_new_tokens=None, eviction_policy_config=None) for t in ("unified", "radix")]))
+    res = run_oracle(jobs, tmp_path)
+    for (reqs, page), rs in zip(cases, res):
+        for r in rs:
+            flavor = "classic" if r["config"]["tree"] == "radix" else "unified"
+            for engine in ("reference", "fast"):
+                out, total = serve_starts(reqs, engine, flavor=flavor, page_size=page)
+                assert [o.cached_tokens for o in out] == r["cached"]
+                assert [o.rejected for o in out] == [a or b for a, b in zip(r["rejected"], r["aborted"])]
+                assert total == r["tree_total"][-1]
 
 
 def test_replay_radix_on_mooncake_matches_sglang(tmp_path):

@@ -4,7 +4,8 @@ Every number here was confirmed against the real SGLang 0.5.23 code (``RadixCach
 both cores of ``UnifiedRadixCache``) before it was written down: the tree-level ones
 (1-14, 26) by calling the real trees directly, the request-level ones (16-19, 25) through
 ``tests/oracle/sglang_driver.py``; ``tests/test_radix_oracle.py`` re-checks 16-19, 25
-and 26 against the real code on every run. Scenarios 15 and 20-24 need several
+and 26 against the real code on every run, and the logprob scenarios (§2.1) likewise.
+Scenarios 15 and 20-24 need several
 requests in one batch (the concurrent scheduler, a later issue) and are not here.
 """
 from __future__ import annotations
@@ -246,6 +247,46 @@ def test_16_len_minus_one_and_the_next_turn(engine, flavor):
     out, m = serve_all([(P, [77, 78, 79, 80, 81]), (P, [5]), (P + [77, 78, 79, 80, 81, 90, 91, 92], [6])],
                        engine, flavor=flavor)
     assert [o.cached_tokens for o in out] == [0, 9, 14]
+
+
+def serve_starts(reqs, engine, **kw):
+    """Serve (prompt, outputs, logprob_start_len) triples one at a time."""
+    kw = {"capacity": 100_000, **kw}
+    if engine == "reference":
+        m = RadixCacheModel(**kw)
+        out = [m.serve(Request(str(i), np.array(p), np.array(o), logprob_start_len=s))
+               for i, (p, o, s) in enumerate(reqs)]
+    else:
+        m = FastRadixEngine(**kw)
+        out = [m.serve(np.array(p + o, np.int64), len(p), len(o), None, s) for p, o, s in reqs]
+    total = m.total_size if engine == "fast" else m.tree.total_size
+    return out, total
+
+
+def test_prompt_logprobs_match_nothing_but_still_insert(engine, flavor):
+    """§2.1: a request with logprob_start_len 0 (prompt logprobs) matches nothing, is
+    prefilled in full and still inserts; its duplicate KV is freed, the tree keeps 14."""
+    out, total = serve_starts([(P, [77, 78, 79, 80, 81], -1), (P, [5], 0), (P, [6], -1)], engine, flavor=flavor)
+    assert [o.cached_tokens for o in out] == [0, 0, 9] and total == 14 + 1 - 1
+    assert not any(o.rejected for o in out)
+
+
+@pytest.mark.parametrize("page, start, cached", [(1, 6, 6), (1, 9, 9), (1, 12, 12), (1, 14, 12), (4, 6, 4),
+                                                 (4, 7, 4), (4, 8, 8), (4, 10, 8), (4, 14, 12)])
+def test_logprob_start_caps_the_match(engine, flavor, page, start, cached):
+    """An explicit start s caps the match at min(len - 1, s), page-floored: a start
+    inside a page loses the whole page; a start >= len - 1 adds no limit."""
+    first, second = P + [11, 12], P + [11, 12, 13, 14]   # 12 tokens cached, 14-token prompt
+    out, _ = serve_starts([(first, [99], -1), (second, [5], start)], engine, flavor=flavor, page_size=page)
+    assert out[1].cached_tokens == cached
+
+
+def test_logprob_start_past_the_prompt_is_refused(engine, flavor):
+    """A start past the prompt's end: SGLang refuses the request (HTTP 400) and runs the
+    one-token placeholder [0], which inserts [0] + its sampled token (overlap on)."""
+    out, total = serve_starts([(P, [5], -1), (P, [6, 7, 8], 11)], engine, flavor=flavor)
+    assert [o.rejected for o in out] == [False, True] and out[1].cached_tokens == 0
+    assert total == 10 + 2     # P, and the placeholder's [0, 6] (its wasted decode step)
 
 
 def test_17_fragmentation_from_len_minus_one(engine, flavor):

@@ -75,3 +75,29 @@ def test_radix_engine_flags_reach_the_model(tmp_path):
                 "--json", str(out)]) == 0
     cfg = json.loads(out.read_text())["policies"]["radix"]["config"]
     assert cfg["eviction_policy"] == "fifo" and cfg["radix_tree"] == "classic" and cfg["overlap"] is False
+
+
+def test_logprob_requests_are_counted_per_policy(tmp_path):
+    """Requests whose cache read a logprob request skips (APC: prompt logprobs) or caps
+    (radix: logprob_start_len below len - 1) are counted in the summary and flagged per row."""
+    sys_ = list(range(100, 140))
+    recs = [{"prompt_token_ids": sys_ + [1, 2, 3], "output_length": 2},
+            {"prompt_token_ids": sys_ + [4, 5, 6], "output_length": 2, "prompt_logprobs": 1},
+            {"prompt_token_ids": sys_ + [7, 8, 9], "output_length": 2, "logprob_start_len": 20},
+            {"prompt_token_ids": sys_ + [7, 8, 9], "output_length": 2, "logprob_start_len": 99},
+            {"prompt_token_ids": sys_ + [1, 2, 3, 4], "output_length": 2}]
+    log = tmp_path / "lp.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    js, pr = tmp_path / "s.json", tmp_path / "r.jsonl"
+    assert run(["simulate", str(log), "--policy", "all", "--json", str(js), "--per-request", str(pr)]) == 0
+    data = json.loads(js.read_text())["policies"]
+    assert data["apc"]["summary"]["cache_reads_skipped"] == 1       # prompt_logprobs only
+    assert data["radix"]["summary"]["cache_reads_skipped"] == 2     # starts 0 and 20; 99 is past the prompt
+    rows = [json.loads(line) for line in pr.read_text().splitlines()]
+    skipped = {p: [r["cache_read_skipped"] for r in rows if r["policy"] == p] for p in ("apc", "radix")}
+    assert skipped == {"apc": [False, True, False, False, False], "radix": [False, True, True, False, False]}
+    radix = [r for r in rows if r["policy"] == "radix"]
+    assert [r["cached_tokens"] for r in radix] == [0, 0, 20, 0, 43]
+    assert [r["rejected"] for r in radix] == [False, False, False, True, False]
+    apc = [r for r in rows if r["policy"] == "apc"]
+    assert [r["cached_tokens"] for r in apc] == [0, 0, 32, 32, 32]

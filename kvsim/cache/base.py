@@ -25,6 +25,7 @@ class Request:
     lora: str | None = None             # LoRA adapter name (namespace)
     cache_salt: str | None = None       # tenant isolation salt (namespace)
     prompt_logprobs: bool = False       # vLLM: skip reading the cache, still write it
+    logprob_start_len: int = -1         # SGLang: a logprob request's match cap (-1: none)
     num_generated: int = field(default=0)  # output tokens appended so far
 
     @property

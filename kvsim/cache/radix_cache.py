@@ -6,7 +6,8 @@ step a method below with the engine's name:
 
 1. ``calc_priority``: with LRU eviction, every 32nd scheduling pass first refreshes the
    waiting request's full-prompt path (a full-length match: stamps, may split).
-2. ``init_next_round_input``: match at most ``len - 1`` tokens, page-floored (§2.1).
+2. ``init_next_round_input``: match at most ``len - 1`` tokens, and at most
+   ``logprob_start_len`` for a logprob request, page-floored (§2.1).
 3. ``add_one_req``: admit if ``extend + min(max_new, 4096) + page < free + evictable``
    (the prefix locked); lock the matched node; chunk a prefill longer than
    ``chunked_prefill_size`` (§7.2).
@@ -25,7 +26,9 @@ step a method below with the engine's name:
 
 SGLang clips a request's generation to the empty pool (``max_new_tokens_for_memory``);
 a request whose prompt cannot be admitted even into an empty pool would wait forever
-in SGLang; kvsim reports it as rejected and goes on.
+in SGLang; kvsim reports it as rejected and goes on. A request whose
+``logprob_start_len`` exceeds its prompt is refused (HTTP 400) but still runs as a
+one-token placeholder (``logprob_aborts``); kvsim reports it as rejected too.
 
 This module is readable and slow; :mod:`kvsim.cache.radix_fast` is the fast engine
 and is tested against it.
@@ -60,6 +63,26 @@ def namespace(lora: str | None, cache_salt: str | None) -> Hashable:
 
 def ceil_page(x: int, p: int) -> int:
     return -(-x // p) * p
+
+
+def max_prefix_len(prompt_len: int, logprob_start_len: int = -1) -> int:
+    """Req._compute_max_prefix_len: at most ``len - 1`` tokens are matched, so that one is
+    computed for the logits; a logprob request at most its ``logprob_start_len`` (§2.1).
+
+    -1 means no start: no logprobs, or logprobs of the output only (the scheduler then
+    sets the start to ``len``, which adds no limit).
+    """
+    limit = prompt_len - 1
+    if logprob_start_len >= 0:
+        limit = min(limit, logprob_start_len)
+    return max(limit, 0)
+
+
+def logprob_aborts(prompt_len: int, logprob_start_len: int) -> bool:
+    """Scheduler.handle_generate_request refuses a start past the prompt's end (HTTP 400);
+    the request still runs as the one-token prompt ``[0]`` (``set_finish_with_abort``)
+    and finishes at its first sampled token."""
+    return logprob_start_len > prompt_len
 
 
 def max_new_tokens_for_memory(prompt_len: int, wanted: int, capacity: int | None, p: int) -> int:
@@ -112,6 +135,8 @@ class RequestState:
     ns: Hashable
     max_new: int
     row: np.ndarray                     # req_to_token row: slot of each position
+    logprob_start_len: int = -1         # caps the match (§2.1); -1: none
+    aborted: bool = False               # refused by SGLang, run as a placeholder
     prefix_len: int = 0                 # tokens already computed or cached
     extend_end: int = 0                 # end of this prefill round
     protected: int = 0                  # cache_protected_len: tree-owned positions
@@ -216,8 +241,8 @@ class RadixCacheModel(PrefixCache):
         self.refresh_calls += 1
 
     def init_next_round_input(self, state: RequestState) -> None:
-        """Match at most len - 1 tokens (§2.1)."""
-        limit = max(len(state.prompt) - 1, 0)
+        """Match at most len - 1 tokens, a logprob request at most its start (§2.1)."""
+        limit = max_prefix_len(len(state.prompt), state.logprob_start_len)
         state.prefix_len, state.last_node = self.tree.match_prefix(state.prompt[:limit], state.ns)
         state.protected = state.prefix_len
         if state.prefix_len:  # the request's slot row starts with the matched KV (prefix_indices)
@@ -342,13 +367,19 @@ class RadixCacheModel(PrefixCache):
         else:
             wanted = UNCAPPED_MAX_NEW if self.max_new_tokens is None else int(self.max_new_tokens)
         max_new = max_new_tokens_for_memory(len(prompt), wanted, self.capacity, self.page_size)
-        k = min(logged, max(max_new, 1))
+        start = int(req.logprob_start_len)
+        aborted = logprob_aborts(len(prompt), start)
+        if aborted:  # the placeholder: prompt [0], one sampled token, no logprobs
+            prompt, k, start = np.zeros(1, np.int64), 1, -1
+        else:
+            k = min(logged, max(max_new, 1))
         outputs = np.asarray(req.output[:k], np.int64)
         row = np.zeros(len(prompt) + k + 1 + self.page_size, np.int64)
-        state = RequestState(prompt, outputs, namespace(req.lora, req.cache_salt), max_new, row)
+        state = RequestState(prompt, outputs, namespace(req.lora, req.cache_salt), max_new, row, start, aborted)
         # overlap builds the next decode batch before it sees the stop token; only a
         # finish by length is known in advance (skip-finishing-decode)
-        state.extra_step = self.overlap and self.finish_mode == "stop" and k < max_new
+        stops = self.finish_mode == "stop" or aborted
+        state.extra_step = self.overlap and stops and k < max_new
         return state
 
     def admit(self, req: Request) -> Admission | None:
@@ -405,7 +436,7 @@ class RadixCacheModel(PrefixCache):
         for _ in range(state.k - 1):
             self.decode(req)
         self.finish(req)
-        return Outcome(state.cached_tokens, False, state.evicted_tokens, state.evicted_leaves,
+        return Outcome(state.cached_tokens, state.aborted, state.evicted_tokens, state.evicted_leaves,
                        state.max_new, self.log_input_tokens - state_before)
 
 

@@ -33,6 +33,8 @@ from kvsim.cache.radix_cache import (
     FINISHES,
     REFRESH_INTERVAL,
     UNCAPPED_MAX_NEW,
+    logprob_aborts,
+    max_prefix_len,
 )
 from kvsim.errors import ConfigError
 
@@ -315,8 +317,10 @@ class FastRadixEngine:
             self.evict(num_tokens if self.evict_need else num_tokens - self.avail)
 
     # -- one request ----------------------------------------------------------------
-    def serve(self, fill: np.ndarray, L: int, wanted: int, ns: Hashable) -> FastOutcome:
-        """Serve a request: ``fill`` = prompt (L tokens) followed by its output tokens."""
+    def serve(self, fill: np.ndarray, L: int, wanted: int, ns: Hashable,
+              logprob_start_len: int = -1) -> FastOutcome:
+        """Serve a request: ``fill`` = prompt (L tokens) followed by its output tokens;
+        ``logprob_start_len`` (-1: none) caps a logprob request's match."""
         p = self.page_size
         ev0, lv0 = self.ev_tokens, self.ev_leaves
         want = self.cap if self.stop_finish else wanted
@@ -324,15 +328,21 @@ class FastRadixEngine:
             max_new = want
         else:
             max_new = max(0, min(want, self.C - (-(-L // p) * p) - p - 1))
-        k = min(wanted, max(max_new, 1))
-        extra = self.overlap and self.stop_finish and k < max_new
+        aborted = logprob_aborts(L, logprob_start_len)
+        if aborted:  # refused, run as the placeholder prompt [0] with one sampled token
+            fill = np.concatenate([np.zeros(1, np.int64), fill[L:L + 1]])
+            L, k, logprob_start_len = 1, 1, -1
+            extra = self.overlap and k < max_new
+        else:
+            k = min(wanted, max(max_new, 1))
+            extra = self.overlap and self.stop_finish and k < max_new
         # calc_priority: the waiting-prefix refresh (LRU only, every 32nd pass)
         if self.lru:
             if self.refresh_calls % REFRESH_INTERVAL == 0:
                 self.match(fill, L, ns)
             self.refresh_calls += 1
-        # init_next_round_input: the len-1 match
-        prefix, node = self.match(fill, max(L - 1, 0), ns)
+        # init_next_round_input: the len-1 match, capped at a logprob request's start
+        prefix, node = self.match(fill, max_prefix_len(L, logprob_start_len), ns)
         # add_one_req: admission with the prefix pinned
         extend = L - prefix
         self.lock(node)
@@ -389,7 +399,7 @@ class FastRadixEngine:
             x = x.parent
         self.avail += _ceil_page(allocated, p) - protected
         self.unlock(locked)
-        return FastOutcome(cached, False, self.ev_tokens - ev0, self.ev_leaves - lv0, max_new, extend_total)
+        return FastOutcome(cached, aborted, self.ev_tokens - ev0, self.ev_leaves - lv0, max_new, extend_total)
 
     def _alloc_extend(self, start: int, end: int, allocated: int) -> int:
         """alloc_for_extend: evict the shortfall (pages > 1: one page extra), take the pages."""

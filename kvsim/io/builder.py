@@ -71,6 +71,7 @@ class Part:
     out_mismatch: int = 0                     # logged length != number of known output ids
     codes: dict[str, np.ndarray] = field(default_factory=dict)  # CATEGORIES -> int32 (n,)
     prompt_logprobs: np.ndarray | None = None
+    logprob_start_len: np.ndarray | None = None   # int64 (n,), -1 = none
     request_ids: list[str | None] | None = None
     msg_counts: np.ndarray | None = None      # int64 (n,)
     msg_starts: np.ndarray | None = None      # int64: token offset of each message in its prompt
@@ -134,6 +135,8 @@ class TraceBuilder:
                                for p in parts], bool),
             prompt_logprobs=_cat([p.prompt_logprobs if p.prompt_logprobs is not None
                                   else np.zeros(p.n, bool) for p in parts], bool),
+            logprob_start_len=_cat([p.logprob_start_len if p.logprob_start_len is not None
+                                    else np.full(p.n, -1, np.int64) for p in parts], np.int64),
             request_ids=self._request_ids(parts, n),
             meta=meta,
             **self._categorical(parts),

@@ -74,4 +74,7 @@ def _line(trace: Trace, tokens, i: int) -> str:
         parts.append(f'"request_id":{json.dumps(trace.request_id(i))}')
     if trace.prompt_logprobs[i]:
         parts.append('"prompt_logprobs":true')
+    start = int(trace.logprob_start_len[i])
+    if start != (0 if trace.prompt_logprobs[i] else -1):  # not what prompt_logprobs alone implies
+        parts.append(f'"logprob_start_len":{start}')
     return "{" + ",".join(parts) + "}\n"

@@ -161,7 +161,8 @@ class CommonFields:
     logged_output: int | None = None          # output_tokens / output_length / usage.completion_tokens
     output_ids: np.ndarray | None = None      # logged output token ids
     reply: str | None = None                  # logged reply text
-    prompt_logprobs: bool = False
+    prompt_logprobs: bool = False             # vLLM: asks for prompt logprobs (skips the cache read)
+    logprob_start_len: int = -1               # SGLang: logprob start (-1: none); caps its prefix match
     model: str | None = None
 
 
@@ -202,11 +203,41 @@ def common_fields(rec: dict) -> CommonFields:
             raise BadRecord(f"usage must be an object, got {kind(usage)}")
         if usage.get("completion_tokens") is not None:
             f.logged_output = length(usage["completion_tokens"], "usage.completion_tokens")
+    f.prompt_logprobs, f.logprob_start_len = logprob_fields(rec)
+    return f
+
+
+def logprob_fields(rec: dict) -> tuple[bool, int]:
+    """What a record asks of each engine's logprobs: (vLLM prompt logprobs, SGLang start).
+
+    vLLM skips reading the prefix cache when ``prompt_logprobs`` is set (any integer, 0
+    included; ``true`` is accepted) or when ``echo`` comes with ``logprobs`` (completions)
+    / ``top_logprobs`` (chat). SGLang caps a logprob request's prefix match at its
+    ``logprob_start_len`` (spec ``sglang_radix.md §2.1``): an explicit value (ignored with
+    ``return_logprob: false``, as SGLang ignores it), else 0 for the request that asks for
+    prompt logprobs (``prompt_logprobs``, or a completion's ``echo`` with ``logprobs``).
+    """
     pl = rec.get("prompt_logprobs")
     if pl is not None and not isinstance(pl, (bool, int)):
         raise BadRecord(f"prompt_logprobs must be a boolean or an integer, got {kind(pl)}")
-    f.prompt_logprobs = bool(pl)
-    return f
+    asked = pl is not None and pl is not False
+    chat = "messages" in rec
+    echo = rec.get("echo") is True
+    echo_logprobs = rec.get("top_logprobs" if chat else "logprobs")
+    vllm = asked or (echo and echo_logprobs is not None and echo_logprobs is not False)
+    start = rec.get("logprob_start_len")
+    if start is not None:
+        if isinstance(start, bool) or not isinstance(start, int) or start < -1:
+            raise BadRecord(f"logprob_start_len must be an integer >= -1, got {start!r}")
+        if start > MAX_LENGTH:
+            raise BadRecord(f"logprob_start_len is implausibly large ({start})")
+        if rec.get("return_logprob") is False:
+            start = -1
+    elif asked or (echo and not chat and bool(echo_logprobs)):
+        start = 0
+    else:
+        start = -1
+    return vllm, start
 
 
 def _lora(rec: dict) -> str | None:

@@ -52,7 +52,8 @@ class Trace:
     cache_salt: np.ndarray | None = None   # int32 codes into salt_names
     lora: np.ndarray | None = None         # int32 codes into lora_names
     session: np.ndarray | None = None      # int32 codes into session_names
-    prompt_logprobs: np.ndarray | None = None  # bool (n,): request asked for prompt logprobs
+    prompt_logprobs: np.ndarray | None = None  # bool (n,): request asked vLLM for prompt logprobs
+    logprob_start_len: np.ndarray | None = None  # int64 (n,): SGLang logprob start, -1 = none
     request_ids: np.ndarray | None = None  # object (n,) of str; default "0", "1", ...
     tenant_names: list[str] = field(default_factory=list)
     salt_names: list[str] = field(default_factory=list)
@@ -78,6 +79,9 @@ class Trace:
             setattr(self, name, np.full(n, NONE, np.int32) if col is None else np.asarray(col, np.int32))
         if self.prompt_logprobs is None:
             self.prompt_logprobs = np.zeros(n, dtype=bool)
+        if self.logprob_start_len is None:  # a prompt-logprob request starts at 0 (§2.1)
+            self.logprob_start_len = np.where(self.prompt_logprobs, 0, -1).astype(np.int64)
+        self.logprob_start_len = np.asarray(self.logprob_start_len, np.int64)
         if self.output_known is None:
             self.output_known = np.zeros(n, dtype=bool)
         if self.output_offsets is None:
@@ -145,11 +149,13 @@ class Trace:
         sessions: list[str | None] | None = None,
         prompt_logprobs: list[bool] | None = None,
         request_ids: list[str] | None = None,
+        logprob_start_len: list[int] | None = None,
     ) -> "Trace":
         """Build a trace from token-id lists (handy in tests and notebooks).
 
         ``outputs`` gives logged output token ids per request (None where unknown);
         ``output_lengths`` defaults to their lengths, or 1 when unknown.
+        ``logprob_start_len`` (SGLang's, -1 = none) defaults to 0 for prompt-logprob requests.
         """
         n = len(prompts)
         arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
@@ -183,6 +189,7 @@ class Trace:
             lora=codes["lora"][0], lora_names=codes["lora"][1],
             session=codes["session"][0], session_names=codes["session"][1],
             prompt_logprobs=None if prompt_logprobs is None else np.asarray(prompt_logprobs, bool),
+            logprob_start_len=None if logprob_start_len is None else np.asarray(logprob_start_len, np.int64),
             request_ids=None if request_ids is None else np.asarray(request_ids, dtype=object),
         )
 
@@ -215,6 +222,7 @@ class Trace:
             output_known=self.output_known[idx],
             tenant=self.tenant[idx], cache_salt=self.cache_salt[idx], lora=self.lora[idx],
             session=self.session[idx], prompt_logprobs=self.prompt_logprobs[idx],
+            logprob_start_len=self.logprob_start_len[idx],
             request_ids=None if self.request_ids is None else self.request_ids[idx],
             **msg,
         )

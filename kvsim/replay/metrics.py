@@ -7,6 +7,9 @@ Definitions (also in the README):
 - vLLM logged hit rate: hits / queries as vLLM 0.33 records them, once per request at
   admission; requests that skip the cache read (prompt logprobs) are not counted
   (spec ``vllm_apc.md §5.1``).
+- cache reads skipped: admitted requests whose lookup a logprob request skipped or cut
+  short — APC: prompt logprobs skip it (``vllm_apc.md §2.1``); radix: the match is capped
+  at ``logprob_start_len``, 0 for prompt logprobs (``sglang_radix.md §2.1``).
 - request hit rate: share of admitted requests with at least one cached token.
 - mean cached fraction: mean over admitted requests of cached / prompt tokens.
 """
@@ -43,6 +46,7 @@ def summarize(result: ReplayResult, trace: Trace, calibration: Any = None) -> di
         "token_hit_rate": c_ok / p_ok if p_ok else 0.0,
         "request_hit_rate": float((cached[ok] > 0).mean()) if ok.any() else 0.0,
         "mean_cached_fraction": float(frac.mean()) if len(frac) else 0.0,
+        "cache_reads_skipped": int((ok & ~result.read_cache).sum()),
         "evictions": int(result.evictions.sum()),
         "evicted_tokens": int(result.evicted_tokens.sum()),
         "capacity_tokens": result.capacity_tokens,
@@ -87,6 +91,7 @@ def per_request_frame(result: ReplayResult, trace: Trace) -> pd.DataFrame:
         "computed_tokens": np.where(result.rejected, 0, prompt - cached),
         "output_tokens": np.maximum(trace.output_lengths, 1),
         "rejected": result.rejected,
+        "cache_read_skipped": ~result.rejected & ~result.read_cache,
         "evicted_tokens": result.evicted_tokens,
     })
     for column in ("tenant", "cache_salt", "lora", "session"):

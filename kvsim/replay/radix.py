@@ -118,6 +118,13 @@ def radix_settings(options: SimOptions) -> RadixSettings:
         eviction_amount=amount)
 
 
+def logprob_capped(trace: Trace) -> np.ndarray:
+    """Requests whose match a logprob start cuts below ``len - 1`` (§2.1); 0 skips the read."""
+    L = trace.prompt_lengths
+    start = trace.logprob_start_len
+    return (start >= 0) & (start < np.maximum(L - 1, 0))
+
+
 def replay_radix(trace: Trace, options: SimOptions, progress: Callable[[int, int], Any] | None = None,
                  engine: str = "fast") -> ReplayResult:
     """Replay ``trace`` one request at a time through SGLang's radix cache.
@@ -140,12 +147,13 @@ def replay_radix_detailed(trace: Trace, options: SimOptions, progress: Callable[
           for a, b in zip(trace.lora, trace.cache_salt)]
     cols = {k: np.zeros(n, np.int64) for k in ("cached", "ev_tokens", "ev_leaves", "max_new", "extend")}
     rejected = np.zeros(n, bool)
+    starts = trace.logprob_start_len
     t0 = time.perf_counter()
     if engine == "fast":
         from kvsim.cache.radix_fast import FastRadixEngine
 
         eng = FastRadixEngine(**settings.engine_kwargs())
-        serve = lambda i, fill, L, M: eng.serve(fill, L, M, ns[i])  # noqa: E731
+        serve = lambda i, fill, L, M: eng.serve(fill, L, M, ns[i], int(starts[i]))  # noqa: E731
         tree_of = lambda: eng  # noqa: E731
     else:
         from kvsim.cache.base import Request
@@ -156,7 +164,8 @@ def replay_radix_detailed(trace: Trace, options: SimOptions, progress: Callable[
         def serve(i, fill, L, M):
             req = Request(trace.request_id(i), fill[:L], fill[L:],
                           lora=trace.name_of("lora", int(trace.lora[i])),
-                          cache_salt=trace.name_of("cache_salt", int(trace.cache_salt[i])))
+                          cache_salt=trace.name_of("cache_salt", int(trace.cache_salt[i])),
+                          logprob_start_len=int(starts[i]))
             return eng.serve(req)
         tree_of = lambda: eng.tree  # noqa: E731
     offsets = trace.offsets
@@ -180,8 +189,9 @@ def replay_radix_detailed(trace: Trace, options: SimOptions, progress: Callable[
     elapsed = time.perf_counter() - t0
     peak = eng.peak_used
     ok = ~rejected
-    hit = int(cols["cached"][ok].sum())
-    new = int(cols["extend"][ok].sum())
+    # a request refused for its logprob start still prefills its placeholder: all rows
+    hit = int(cols["cached"].sum())
+    new = int(cols["extend"].sum())
     prompt = int(trace.prompt_lengths[ok].sum())
     wanted = np.maximum(trace.output_lengths, 1)
     extra = {
@@ -205,5 +215,5 @@ def replay_radix_detailed(trace: Trace, options: SimOptions, progress: Callable[
               "finish": settings.finish}
     return ReplayResult(
         policy="radix", config=config, cached_tokens=cols["cached"], rejected=rejected,
-        read_cache=np.ones(n, bool), evictions=cols["ev_leaves"], evicted_tokens=cols["ev_tokens"],
+        read_cache=~logprob_capped(trace), evictions=cols["ev_leaves"], evicted_tokens=cols["ev_tokens"],
         capacity_tokens=settings.capacity, peak_used_tokens=int(peak), elapsed_s=elapsed, extra=extra), tree_of()

@@ -45,4 +45,5 @@ def iter_requests(trace: Trace) -> Iterator[Request]:
             lora=trace.name_of("lora", int(trace.lora[i])),
             cache_salt=trace.name_of("cache_salt", int(trace.cache_salt[i])),
             prompt_logprobs=bool(trace.prompt_logprobs[i]),
+            logprob_start_len=int(trace.logprob_start_len[i]),
         )

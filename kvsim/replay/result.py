@@ -20,7 +20,8 @@ class ReplayResult:
     config: dict[str, Any]            # resolved settings (block/page size, capacity, ...)
     cached_tokens: np.ndarray         # int64 (n,)
     rejected: np.ndarray              # bool (n,): can never fit in the cache (engine refuses it)
-    read_cache: np.ndarray            # bool (n,): a lookup was made (False: prompt logprobs in APC)
+    read_cache: np.ndarray            # bool (n,): False where a logprob request skipped the lookup
+                                      # (APC; also False for rejected requests) or capped it (radix)
     evictions: np.ndarray             # int64 (n,): eviction units (APC blocks, radix leaves) while serving i
     evicted_tokens: np.ndarray        # int64 (n,): tokens of KV evicted while serving i
     capacity_tokens: int | None       # usable KV capacity in tokens; None = unlimited

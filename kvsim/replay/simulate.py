@@ -24,6 +24,7 @@ ROWS = [
     ("token_hit_rate", "token hit rate", "{:.2%}"),
     ("vllm_logged_hit_rate", "vLLM logged hit rate", "{:.2%}"),
     ("sglang_logged_hit_rate", "SGLang logged hit rate", "{:.2%}"),
+    ("cache_reads_skipped", "cache reads skipped (logprobs)", "{:,}"),
     ("request_hit_rate", "request hit rate", "{:.2%}"),
     ("mean_cached_fraction", "mean cached fraction", "{:.2%}"),
     ("evictions", "evictions (blocks / leaves)", "{:,}"),

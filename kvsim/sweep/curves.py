@@ -209,7 +209,8 @@ def radix_curve(trace: Trace, page_size: int = 1, eviction_policy: str = "lru", 
     """The radix hit-rate curve (LRU-like eviction only), on page-sized units.
 
     A request of L prompt tokens generating k keeps ``floor_page(L + k - 1)`` tokens in the
-    tree, hits at most ``floor_page(L - 1)`` (``sglang_radix.md §2.1, §3.3``), holds one
+    tree, hits at most ``floor_page(L - 1)`` (a logprob request at most its
+    ``logprob_start_len``; ``sglang_radix.md §2.1, §3.3``), holds one
     extra free page while its prefill allocates (page > 1, §5.5), and is admitted when
     the pool holds ``ceil_page(L) + page + 1`` tokens. At page size 1 the units are
     ``granule``-token blocks, so each hit is rounded down to a multiple of the granule.
@@ -223,6 +224,8 @@ def radix_curve(trace: Trace, page_size: int = 1, eviction_policy: str = "lru", 
     unit = p if p > 1 else int(granule or RADIX_GRANULE)
     _, work = _chained_units(trace, unit, "fast", None)
     inputs = _sequence_inputs(work, unit, np.ones(len(trace), bool))
+    starts = trace.logprob_start_len  # a logprob request matches at most its start (§2.1)
+    inputs["cap"] = np.where(starts >= 0, np.minimum(inputs["cap"], starts // unit), inputs["cap"])
     L = work.prompt_len
     kept = work.key_off[1:] - work.key_off[:-1]
     peak = kept + inputs["phi"]

@@ -12,7 +12,8 @@ request (``scheduler.event_loop_normal`` / ``event_loop_overlap`` with an empty 
 queue between requests), calling SGLang's real functions wherever they exist:
 
 1. ``SchedulePolicy.calc_priority`` (fcfs; refreshes waiting prefixes every 32nd pass)
-2. ``Req.init_next_round_input`` (the len-1, page-aligned match)
+2. ``Req.init_next_round_input`` (the len-1, page-aligned match, capped at a logprob
+   request's ``logprob_start_len`` as ``handle_generate_request`` sets it)
 3. ``PrefillAdder.add_one_req`` / ``add_chunked_req`` (admission, lock, chunking)
 4. ``alloc_token_slots`` / ``alloc_paged_token_slots_extend`` (evict, allocate)
 5. after the prefill ``checkpoint_kv_cache`` (the prompt enters the tree), or
@@ -221,7 +222,7 @@ def replay(cfg: dict, w: dict) -> dict:
     policy = SchedulePolicy("fcfs", cache, False, False, False)
     counters = Counters(cache)
     n = len(w["prompt_off"]) - 1
-    out = {k: [] for k in ("cached", "rejected", "evicted_tokens", "evicted_leaves",
+    out = {k: [] for k in ("cached", "rejected", "aborted", "evicted_tokens", "evicted_leaves",
                            "max_new", "available", "tree_total", "evictable")}
     hit_tokens = 0
     input_tokens = 0
@@ -238,13 +239,16 @@ def replay(cfg: dict, w: dict) -> dict:
             sampling = SamplingParams(temperature=0, max_new_tokens=len(outputs), ignore_eos=True)
         sampling.normalize(None)
         req = Req(rid=str(i), origin_input_text="", origin_input_ids=array("q", prompt),
-                  sampling_params=sampling, lora_id=lora, cache_salt=salt)
+                  sampling_params=sampling, lora_id=lora, cache_salt=salt,
+                  return_logprob=bool(w["return_logprob"][i]))
         # Scheduler.init_req_max_new_tokens: clip generation to the empty pool
         req.sampling_params.max_new_tokens = alloc.max_new_tokens_for_memory(
             len(prompt), req.sampling_params.max_new_tokens, token_capacity=capacity,
             sliding_window_size=None, chunk_size=None)
         max_new = req.sampling_params.max_new_tokens
         out["max_new"].append(max_new)
+        set_logprob_start(req, int(w["logprob_start"][i]))
+        out["aborted"].append(req.to_finish is not None)
         # -- the prefill pass: calc_priority, match, admission -----------------------
         policy.calc_priority([req], None)
         req.init_next_round_input(cache)
@@ -278,6 +282,23 @@ def replay(cfg: dict, w: dict) -> dict:
     out["log_input_tokens"] = input_tokens
     out["paths"] = tree_paths(cache)
     return out
+
+
+def set_logprob_start(req, start: int) -> None:
+    """Scheduler.handle_generate_request: the logprob start, after the max_new clip."""
+    return_logprob = req.return_logprob
+    if not return_logprob and start != -1:
+        start = -1   # ignored without return_logprob
+    if start == -1:
+        # logprobs of the output only (token_ids_logprob is None), or none at all
+        req.logprob_start_len = len(req.origin_input_ids) if return_logprob else -1
+    else:
+        req.logprob_start_len = start
+    if req.logprob_start_len > len(req.origin_input_ids):
+        req.logprob_start_len = -1
+        from sglang.srt.runtime_context import get_parallel
+        with get_parallel().override(tp_rank=0):   # it logs the error on rank 0
+            req.set_finish_with_abort("logprob_start_len is higher than the number of input tokens")
 
 
 def tree_paths(cache) -> list | None:
@@ -345,7 +366,8 @@ def finish_prefill_and_decode(cache, alloc, pool, req, outputs, overlap: bool, s
 
 def load_workload(path: str) -> tuple[dict, list[dict]]:
     z = np.load(path, allow_pickle=False)
-    w = {k: z[k] for k in ("prompt_tok", "prompt_off", "out_tok", "out_off", "lora", "salt")}
+    w = {k: z[k] for k in ("prompt_tok", "prompt_off", "out_tok", "out_off", "lora", "salt",
+                           "return_logprob", "logprob_start")}
     w["names"] = json.loads(str(z["names"]))
     configs = json.loads(str(z["configs"]))
     return w, configs

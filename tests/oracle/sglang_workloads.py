@@ -40,10 +40,20 @@ class Workload:
     outputs: list[np.ndarray]
     loras: list[str | None]
     salts: list[str | None]
+    # SGLang's native logprob arguments per request (None: no request asks for logprobs)
+    return_logprob: list[bool] | None = None
+    logprob_start: list[int] | None = None    # -1: SGLang's default
+
+    def starts(self) -> list[int]:
+        """kvsim's logprob_start_len per request: the start SGLang's match is capped at
+        (-1 without logprobs, where SGLang ignores the start)."""
+        if self.return_logprob is None:
+            return [-1] * len(self.prompts)
+        return [s if r else -1 for r, s in zip(self.return_logprob, self.logprob_start)]
 
     def trace(self) -> Trace:
         return Trace.from_prompts(self.prompts, outputs=self.outputs,
-                                  loras=self.loras, cache_salts=self.salts)
+                                  loras=self.loras, cache_salts=self.salts, logprob_start_len=self.starts())
 
 
 def make_workload(seed: int, n: int, *, vocab: int = 64, sys_len=(8, 120), turn_len=(1, 60),
@@ -85,6 +95,37 @@ def make_workload(seed: int, n: int, *, vocab: int = 64, sys_len=(8, 120), turn_
     return w
 
 
+def add_logprob_requests(w: Workload, seed: int, p_prompt: float = 0.05, p_start: float = 0.04,
+                         p_output: float = 0.03, p_abort: float = 0.005, page: int = 16) -> Workload:
+    """Mark some requests as logprob requests, as clients send them to SGLang's native API.
+
+    ``p_prompt``: prompt logprobs (``return_logprob`` with start 0, what the OpenAI
+    completions API's ``echo`` + ``logprobs`` sends); ``p_start``: an explicit start inside
+    the prompt, often one that cuts inside a page; ``p_output``: output logprobs only
+    (start -1, no cap); ``p_abort``: a start past the prompt's end (SGLang refuses it).
+    """
+    rng = np.random.default_rng(seed)
+    rl, st = [], []
+    for prompt in w.prompts:
+        L = len(prompt)
+        u = rng.random()
+        if u < p_prompt:
+            rl.append(True), st.append(0)
+        elif u < p_prompt + p_start:
+            cut = int(rng.integers(0, L + 1))
+            if rng.random() < 0.5 and L > page:  # just past a page boundary
+                cut = min(L, int(rng.integers(1, L // page + 1)) * page + int(rng.integers(1, page)))
+            rl.append(True), st.append(cut)
+        elif u < p_prompt + p_start + p_output:
+            rl.append(True), st.append(-1)
+        elif u < p_prompt + p_start + p_output + p_abort:
+            rl.append(True), st.append(L + int(rng.integers(1, 5)))
+        else:  # a start without return_logprob: SGLang ignores it
+            rl.append(False), st.append(int(rng.integers(0, L + 1)) if rng.random() < 0.02 else -1)
+    w.return_logprob, w.logprob_start = rl, st
+    return w
+
+
 def write_npz(path: Path, w: Workload, configs: list[dict]) -> None:
     names = sorted({x for x in w.loras + w.salts if x is not None})
     code = {nm: i for i, nm in enumerate(names)}
@@ -96,7 +137,9 @@ def write_npz(path: Path, w: Workload, configs: list[dict]) -> None:
              out_tok=_narrow(np.concatenate(w.outputs)), out_off=oo,
              lora=np.array([code.get(x, -1) for x in w.loras]),
              salt=np.array([code.get(x, -1) for x in w.salts]),
-             names=json.dumps(names), configs=json.dumps(configs))
+             names=json.dumps(names), configs=json.dumps(configs),
+             return_logprob=np.array(w.return_logprob or [False] * len(w.prompts), bool),
+             logprob_start=np.array(w.logprob_start or [-1] * len(w.prompts), np.int64))
 
 
 def _narrow(a: np.ndarray) -> np.ndarray:

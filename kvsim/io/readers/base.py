@@ -173,7 +173,8 @@ class JsonRequestReader(Reader):
             max_tokens=fields.max_tokens, arrival=fields.arrival,
             tenant=cats["tenant"].code(fields.tenant), cache_salt=cats["cache_salt"].code(fields.cache_salt),
             lora=cats["lora"].code(fields.lora), session=cats["session"].code(fields.session),
-            request_id=fields.request_id, prompt_logprobs=fields.prompt_logprobs, **kw,
+            request_id=fields.request_id, prompt_logprobs=fields.prompt_logprobs,
+            logprob_start_len=fields.logprob_start_len, **kw,
         )
 
     @staticmethod
