@@ -39,6 +39,8 @@ def mixed_tokens_log(path: Path) -> Path:
             rec["request_id"] = f"req-{i}"
         if i % 9 == 0:
             rec["prompt_logprobs"] = True
+        if i % 10 == 5:
+            rec["logprob_start_len"] = 3
         if i % 7 == 0:
             rec["max_tokens"] = 33
         recs.append(rec)

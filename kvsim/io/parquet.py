@@ -9,7 +9,8 @@ One row per request:
 | ``output_length`` | int64 | tokens generated |
 | ``arrival`` | float64 seconds, null where unknown | |
 | ``tenant``, ``cache_salt``, ``lora``, ``session``, ``request_id`` | string, null for none | |
-| ``prompt_logprobs`` | bool | |
+| ``prompt_logprobs`` | bool | vLLM: the request asks for prompt logprobs |
+| ``logprob_start_len`` | int64, null for none | SGLang: where the request's logprobs start |
 | ``msg_starts``, ``msg_roles`` | list of int64 / string: token offset and role of each chat message | |
 
 The schema metadata ``kvsim`` (JSON) keeps what the rows do not: how the tokens were made
@@ -80,6 +81,8 @@ def trace_table(trace: Trace):
     if trace.request_ids is not None:
         cols["request_id"] = pa.array([str(r) for r in trace.request_ids], pa.string())
     cols["prompt_logprobs"] = pa.array(np.asarray(trace.prompt_logprobs, bool))
+    start = np.asarray(trace.logprob_start_len, np.int64)
+    cols["logprob_start_len"] = pa.array(start, mask=start < 0)
     if trace.msg_offsets is not None:
         cols["msg_starts"] = pa.LargeListArray.from_arrays(pa.array(trace.msg_offsets), pa.array(trace.msg_starts))
         roles = _strings(pa, trace.msg_roles, trace.role_names).cast(pa.string())

@@ -9,7 +9,7 @@ Where: ``$KVSIM_CACHE_DIR/traces``, else ``traces`` in the user cache folder
 An entry is keyed by the real path of every input file and every option that changes the
 trace (format, tokenizer, chat template, trace block size, ``--on-error``, ``--limit``,
 reader options; a tokenizer file or template file by its content) and kvsim's trace format
-version. It records each file's size, modification and change times, inode and a BLAKE2b
+version (and the trace's fields, so an entry written by another kvsim is never read). It records each file's size, modification and change times, inode and a BLAKE2b
 hash of its content. It is served when every file's stat is unchanged; when the stat changed
 but the size did not (a copy, a ``touch``) or the file changed within two seconds of being
 recorded (timestamps too coarse to tell), the content hash decides. A changed, truncated or
@@ -18,6 +18,7 @@ appended log is read again and its entry replaced. Entries past ``KVSIM_TRACE_CA
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -119,7 +120,10 @@ def entry_key(sources: Sequence[Path], options: dict[str, Any]) -> str:
     from kvsim import __version__
     from kvsim.io.trace_file import VERSION as FILE_VERSION
 
+    from kvsim.io.trace import Trace, TraceMeta
+
     ident = {"trace_format": TRACE_FORMAT, "file_format": FILE_VERSION, "kvsim": __version__,
+             "fields": [f.name for cls in (Trace, TraceMeta) for f in dataclasses.fields(cls)],
              "sources": [str(Path(p).resolve()) for p in sources], "options": options}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
 

@@ -25,7 +25,8 @@ VERSION = 1
 _ALIGN = 64
 _PREFIX = struct.Struct("<8sIQ")
 ARRAYS = ("offsets", "tokens", "output_lengths", "arrival", "output_offsets", "output_tokens", "output_known",
-          "tenant", "cache_salt", "lora", "session", "prompt_logprobs", "msg_offsets", "msg_starts", "msg_roles")
+          "tenant", "cache_salt", "lora", "session", "prompt_logprobs", "logprob_start_len", "msg_offsets",
+          "msg_starts", "msg_roles")
 NAMES = ("tenant_names", "salt_names", "lora_names", "session_names", "role_names")
 
 

@@ -45,9 +45,12 @@ class ParquetReader(Reader):
             out_tokens=narrow_tokens(np.asarray(out_tokens[:int(out_off[n])])),
             out_known=known[:n].copy(),
             out_source=source,
-            prompt_logprobs=(np.zeros(n, bool) if cols.column("prompt_logprobs", "bool") is None
-                             else cols.column("prompt_logprobs", "bool")[:n]),
         )
+        logprobs = cols.column("prompt_logprobs", "bool")
+        part.prompt_logprobs = np.zeros(n, bool) if logprobs is None else logprobs[:n]
+        start = cols.column("logprob_start_len", "float")  # nulls: none
+        part.logprob_start_len = (np.where(part.prompt_logprobs, 0, -1) if start is None  # as a log's default
+                                  else np.where(np.isnan(start[:n]), -1, start[:n]).astype(np.int64))
         for column, names in CATEGORICAL.items():
             cats = ctx.builder.categories[column]
             for name in stored.get(names, []):  # the stored order of the names, used or not
