@@ -71,6 +71,7 @@ def replay_radix(path: str, capacity: int) -> list[int]:
          "prompt_off": offsets,
          "out_tok": np.fromiter((t for o in outputs for t in o), np.int64, int(out_offsets[-1])),
          "out_off": out_offsets, "lora": np.full(len(prompts), -1), "salt": np.full(len(prompts), -1),
+         "return_logprob": np.zeros(len(prompts), bool), "logprob_start": np.full(len(prompts), -1),
          "names": []}
     cfg = dict(tree="unified", page_size=1, eviction_policy="lru", capacity=capacity,
                max_context_len=int(max(map(len, prompts)) + max(map(len, outputs)) + 8), overlap=True,
