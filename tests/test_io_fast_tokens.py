@@ -89,6 +89,20 @@ def test_scanner_declines_what_it_does_not_fully_read(line):
     assert scan(line).status.tolist() == [DECLINED]
 
 
+def test_a_block_scanned_in_parallel_runs_equals_one_run():
+    lines = [b'{"prompt_token_ids": [%d, 2], "output_token_ids": [%d]}' % (i, i) for i in range(50)]
+    lines[7] = b'{"prompt_token_ids": [1, -2]}'
+    lines[30] = b"   "
+    lines[41] = b'{"prompt_token_ids": [%d]}' % 2**40
+    block = np.frombuffer(b"\n".join(lines) + b"\n", np.uint8)
+    one = ScannedBlock(block, Scratch(), parts=1)
+    for parts in (2, 3, 7, 60):
+        many = ScannedBlock(block, Scratch(), parts=parts)
+        for name in ("status", "spans", "tokens", "outputs", "token_offsets", "output_offsets", "bounds"):
+            a, b = getattr(one, name), getattr(many, name)
+            assert a.dtype == b.dtype and np.array_equal(a, b), (parts, name)
+
+
 def test_nested_key_is_not_taken_for_the_top_level_one():
     s = scan(b'{"meta": {"prompt_token_ids": [9, 9]}, "prompt_token_ids": [1, 2], "x": ["]", "}"]}')
     assert s.status.tolist() == [FAST] and s.tokens.tolist() == [1, 2]

@@ -21,6 +21,7 @@ from numba import njit
 #: per-line outcome
 FAST, BLANK, DECLINED = 0, 1, 2
 MAX_DIGITS = 18  # every 18-digit integer fits in int64; longer ids go to the general reader
+PARALLEL_MIN_BYTES = 1 << 20  # blocks are scanned on several cores in runs of at least this size
 
 PROMPT_KEY = np.frombuffer(b"prompt_token_ids", np.uint8)
 OUTPUT_KEY = np.frombuffer(b"output_token_ids", np.uint8)
@@ -204,7 +205,7 @@ def _scan_line(buf, start, end, tokens, tpos, outs, opos, spans):
     return FAST, tpos, opos, top
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def scan_lines(buf, bounds, tokens, outs, status, spans, counts):
     """Scan lines ``buf[bounds[k]:bounds[k+1]]``.
 
@@ -226,7 +227,7 @@ def scan_lines(buf, bounds, tokens, outs, status, spans, counts):
     return tpos, opos, top
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def line_bounds(buf):
     """Start of every line of ``buf`` plus len(buf): line k is buf[b[k]:b[k+1]], newline included."""
     n = len(buf)
@@ -249,19 +250,38 @@ def line_bounds(buf):
 
 class ScannedBlock:
     """The scan of one block of lines: per-line status, array spans and id counts, and the
-    accepted ids (prompt ids in ``tokens``, output ids in ``outputs``, in line order)."""
+    accepted ids (prompt ids in ``tokens``, output ids in ``outputs``, in line order).
 
-    def __init__(self, block: np.ndarray, scratch: "Scratch") -> None:
-        self.bounds = line_bounds(block)
-        n = len(self.bounds) - 1
+    A large block is cut into runs of lines scanned at the same time on several cores (the
+    compiled scanner releases the GIL)."""
+
+    def __init__(self, block: np.ndarray, scratch: "Scratch", parts: int | None = None) -> None:
+        from kvsim.io.workers import executor, workers
+
+        self.bounds = bounds = line_bounds(block)
+        n = len(bounds) - 1
         self.status = np.empty(n, np.int8)
         self.spans = np.empty((n, 4), np.int64)
         counts = np.empty((n, 2), np.int64)
-        tokens, outs = scratch.buffers(len(block) // 2 + 1)
-        nt, no, top = scan_lines(block, self.bounds, tokens, outs, self.status, self.spans, counts)
+        k = parts or max(1, min(workers(), len(block) // PARALLEL_MIN_BYTES))
+        cuts = np.unique(np.searchsorted(bounds, [len(block) * j // k for j in range(1, k)]).clip(0, n))
+        lines = [(int(a), int(b)) for a, b in zip([0, *cuts], [*cuts, n]) if b > a]
+        caps = [int(bounds[b] - bounds[a]) // 2 + 1 for a, b in lines]  # most ids a run can hold
+        tokens, outs = scratch.buffers(sum(caps))
+        starts = np.concatenate([[0], np.cumsum(caps)]).astype(int)
+
+        def scan(j: int):
+            (a, b), lo, hi = lines[j], starts[j], starts[j + 1]
+            return scan_lines(block, bounds[a:b + 1], tokens[lo:hi], outs[lo:hi], self.status[a:b],
+                              self.spans[a:b], counts[a:b])
+
+        found = list(executor().map(scan, range(len(lines)))) if len(lines) > 1 else [scan(0)] if lines else []
+        top = max((t for _, _, t in found), default=0)
         dtype = np.int32 if top < 2**31 else np.int64
-        self.tokens = tokens[:nt].astype(dtype)
-        self.outputs = outs[:no].astype(dtype)
+        self.tokens = np.concatenate([tokens[lo:lo + nt] for lo, (nt, _, _) in zip(starts, found)] or
+                                     [tokens[:0]]).astype(dtype, copy=False)
+        self.outputs = np.concatenate([outs[lo:lo + no] for lo, (_, no, _) in zip(starts, found)] or
+                                      [outs[:0]]).astype(dtype, copy=False)
         self.token_offsets = np.zeros(n + 1, np.int64)
         np.cumsum(counts[:, 0], out=self.token_offsets[1:])
         self.output_offsets = np.zeros(n + 1, np.int64)

@@ -90,17 +90,6 @@ def _narrow(ids: np.ndarray) -> np.ndarray:
     return narrow_tokens(ids)
 
 
-def _workers() -> int:
-    return max(1, min(os.cpu_count() or 1, 8))
-
-
-@functools.lru_cache(maxsize=1)
-def _executor():
-    from concurrent.futures import ThreadPoolExecutor
-
-    return ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="kvsim-encode")
-
-
 def _balanced_chunks(texts: Sequence[str], k: int, min_chars: int = 1 << 16) -> list[Sequence[str]]:
     """``texts`` cut into at most ``k`` consecutive slices of about equal total length."""
     total = sum(map(len, texts))
@@ -144,11 +133,13 @@ class TiktokenTokenizer(Tokenizer):
         # A few large jobs (one per core) instead of one per text, and no Python lists.
         if not texts:
             return []
-        chunks = _balanced_chunks(texts, _workers())
+        from kvsim.io.workers import executor, workers
+
+        chunks = _balanced_chunks(texts, workers())
         if len(chunks) == 1:
             return self._encode_numpy(chunks[0])
         out: list[np.ndarray] = []
-        for part in _executor().map(self._encode_numpy, chunks):
+        for part in executor().map(self._encode_numpy, chunks):
             out.extend(part)
         return out
 
