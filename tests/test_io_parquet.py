@@ -193,3 +193,11 @@ def test_damaged_reader_input_is_an_input_error(tmp_path):
     path.write_bytes(b"PAR1" + b"\1" * 20 + b"PAR1")
     with pytest.raises(InputError, match="cannot read Parquet"):
         kvsim.load_trace(path)
+
+
+def test_names_that_are_not_unicode_text_are_a_clear_error(tmp_path, capsys):
+    log = tmp_path / "s.jsonl"
+    log.write_text('{"prompt_token_ids": [1, 2], "tenant": "a\\ud800"}\n')
+    assert run(["convert", str(log), "-o", str(tmp_path / "x.parquet")]) == 2
+    err = capsys.readouterr().err
+    assert "column tenant" in err and "Traceback" not in err and not (tmp_path / "x.parquet").exists()

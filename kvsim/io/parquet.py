@@ -77,15 +77,15 @@ def trace_table(trace: Trace):
     }
     for column, names in CATEGORICAL.items():
         codes = getattr(trace, column)
-        cols[column] = _strings(pa, codes, getattr(trace, names))
+        cols[column] = _strings(pa, codes, getattr(trace, names), column)
     if trace.request_ids is not None:
-        cols["request_id"] = pa.array([str(r) for r in trace.request_ids], pa.string())
+        cols["request_id"] = _text(pa, [str(r) for r in trace.request_ids], "request_id")
     cols["prompt_logprobs"] = pa.array(np.asarray(trace.prompt_logprobs, bool))
     start = np.asarray(trace.logprob_start_len, np.int64)
     cols["logprob_start_len"] = pa.array(start, mask=start < 0)
     if trace.msg_offsets is not None:
         cols["msg_starts"] = pa.LargeListArray.from_arrays(pa.array(trace.msg_offsets), pa.array(trace.msg_starts))
-        roles = _strings(pa, trace.msg_roles, trace.role_names).cast(pa.string())
+        roles = _strings(pa, trace.msg_roles, trace.role_names, "msg_roles").cast(pa.string())
         cols["msg_roles"] = pa.LargeListArray.from_arrays(pa.array(trace.msg_offsets), roles)
     meta = {"version": VERSION, "meta": asdict(trace.meta), "requests": n,
             "names": {names: getattr(trace, names) for names in (*CATEGORICAL.values(), "role_names")}}
@@ -93,11 +93,19 @@ def trace_table(trace: Trace):
     return table.replace_schema_metadata({METADATA_KEY: json.dumps(meta).encode("utf-8", "surrogatepass")})
 
 
-def _strings(pa, codes: np.ndarray, names: list[str]):
+def _strings(pa, codes: np.ndarray, names: list[str], column: str):
     codes = np.asarray(codes, np.int32)
     missing = codes == NONE
-    dictionary = pa.array(names, pa.string())
+    dictionary = _text(pa, names, column)
     return pa.DictionaryArray.from_arrays(pa.array(np.where(missing, 0, codes), pa.int32(), mask=missing), dictionary)
+
+
+def _text(pa, values: list[str], column: str):
+    try:
+        return pa.array(values, pa.string())
+    except (UnicodeEncodeError, pa.ArrowException):
+        raise ConfigError(f"cannot write column {column} to Parquet: a value is not valid Unicode text "
+                          "(a lone surrogate from a \\ud800-style escape); Parquet strings are UTF-8") from None
 
 
 def write_parquet(trace: Trace, path: str | Path) -> int:
