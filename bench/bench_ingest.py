@@ -213,40 +213,49 @@ def bench_parsers(files: dict, runs: int) -> list[dict]:
     return rows
 
 
+def paired(full: list[str], one: list[str], runs: int, env: dict | None = None) -> dict:
+    """Run the full command and the one-request command alternately; medians of the
+    full run and of the differences (start-up cancelled out), wall and CPU."""
+    walls, cpus, fulls, ones = [], [], [], []
+    for _ in range(runs):
+        a, b = run(full, env), run(one, env)
+        walls.append(a.wall - b.wall)
+        cpus.append(a.cpu - b.cpu)
+        fulls.append(a.wall)
+        ones.append(b.wall)
+    return {"s": statistics.median(walls), "cpu_s": statistics.median(cpus), "full_s": statistics.median(fulls),
+            "startup_s": statistics.median(ones), "runs": walls}
+
+
 def bench_e2e(files: dict, args, env: dict) -> list[dict]:
     python = os.environ.get("KVSIM_ORACLE_PYTHON") or str(ROOT / ".oracle-venv" / "bin" / "python")
     rows = []
     tmp = files["dir"]
     cap = str(args.capacity)
+    tokens = files["tokens_info"]["prompt_tokens"]
     for policy in ("apc", "radix"):
         plain_out = tmp / f"plain_{policy}.json"
-        plain_full = median_run([python, str(PLAIN), str(files["tokens"]), policy, cap, str(plain_out)],
-                                args.plain_runs)
-        plain_one = median_run([python, str(PLAIN), str(files["tokens_one"]), policy, cap,
-                                str(tmp / "plain_one.json")], args.plain_runs)
+        plain = paired([python, str(PLAIN), str(files["tokens"]), policy, cap, str(plain_out)],
+                       [python, str(PLAIN), str(files["tokens_one"]), policy, cap, str(tmp / "plain_one.json")],
+                       args.plain_runs)
         per_request = tmp / f"kvsim_{policy}.jsonl"
         sim = [*KVSIM, "--no-trace-cache", "simulate", "--policy", policy, "--capacity-tokens", cap]
-        run([*sim, str(files["tokens_one"])], env)  # compiled kernels loaded once before timing
-        k_full = median_run([*sim, str(files["tokens"]), "--per-request", str(per_request)], args.runs, env)
-        k_one = median_run([*sim, str(files["tokens_one"])], args.runs, env)
+        run([*sim, str(files["tokens"])], env)  # compiled kernels loaded once before timing
+        k = paired([*sim, str(files["tokens"]), "--per-request", str(per_request)],
+                   [*sim, str(files["tokens_one"])], args.runs, env)
         plain_cached = json.loads(plain_out.read_text())["cached"]
         k_cached = [json.loads(line)["cached_tokens"] for line in per_request.read_text().splitlines()]
         per_request.unlink()
-        plain_s, kvsim_s = plain_full.wall - plain_one.wall, k_full.wall - k_one.wall
-        tokens = files["tokens_info"]["prompt_tokens"]
-        rows.append({"what": f"simulate --policy {policy}", "plain_s": plain_s, "kvsim_s": kvsim_s,
-                     "plain_mtok_s": tokens / plain_s / 1e6, "kvsim_mtok_s": tokens / kvsim_s / 1e6,
-                     "ratio": plain_s / kvsim_s, "same_hits": plain_cached == k_cached,
-                     "plain_cpu_s": plain_full.cpu - plain_one.cpu, "kvsim_cpu_s": k_full.cpu - k_one.cpu,
-                     "plain_startup_s": plain_one.wall, "kvsim_startup_s": k_one.wall})
+        rows.append({"what": f"simulate --policy {policy}", "plain": plain, "kvsim": k,
+                     "plain_mtok_s": tokens / plain["s"] / 1e6, "kvsim_mtok_s": tokens / k["s"] / 1e6,
+                     "ratio": plain["s"] / k["s"], "cpu_ratio": plain["cpu_s"] / k["cpu_s"],
+                     "same_hits": plain_cached == k_cached})
     # reading alone
     lines = files["tokens"].read_bytes().splitlines()
     loads_s, _ = timeit(lambda: [json.loads(line) for line in lines], args.runs)
     inspect = [*KVSIM, "--no-trace-cache", "inspect"]
-    i_full = median_run([*inspect, str(files["tokens"])], args.runs, env)
-    i_one = median_run([*inspect, str(files["tokens_one"])], args.runs, env)
-    rows.append({"what": "read only (inspect)", "plain_s": loads_s, "kvsim_s": i_full.wall - i_one.wall,
-                 "ratio": loads_s / (i_full.wall - i_one.wall)})
+    k = paired([*inspect, str(files["tokens"])], [*inspect, str(files["tokens_one"])], args.runs, env)
+    rows.append({"what": "read only (inspect)", "plain_s": loads_s, "kvsim": k, "ratio": loads_s / k["s"]})
     return rows
 
 
@@ -326,16 +335,29 @@ def bench_parquet(files: dict, runs: int, env: dict) -> list[dict]:
     return rows
 
 
+PEAK_RSS = ("import resource, sys\n"
+            "def peak_mib():  # this process's high-water mark (ru_maxrss can include the parent's at fork)\n"
+            "    try:\n"
+            "        for line in open('/proc/self/status'):\n"
+            "            if line.startswith('VmHWM:'):\n"
+            "                return int(line.split()[1]) / 1024\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n")
+
+
 def bench_memory(files: dict, env: dict) -> dict:
-    code = ("import sys, resource, kvsim; t = kvsim.load_trace(sys.argv[1]); "
-            "print(t.tokens.nbytes, t.output_tokens.nbytes, t.num_prompt_tokens)")
+    code = (PEAK_RSS + "import kvsim\nt = kvsim.load_trace(sys.argv[1])\n"
+            "print(t.tokens.nbytes, t.output_tokens.nbytes, t.num_prompt_tokens, peak_mib())")
     r = run([sys.executable, "-c", code, str(files["big"])], env)
-    token_bytes, out_bytes, tokens = map(int, r.out.split())
-    base = run([sys.executable, "-c", "import kvsim, numpy, numba; from kvsim.io import token_scan"], env)
-    return {"log_bytes": files["big"].stat().st_size, "prompt_tokens": tokens,
-            "token_array_mib": token_bytes / 2**20, "output_array_mib": out_bytes / 2**20,
-            "peak_rss_mib": r.rss_mb, "interpreter_rss_mib": base.rss_mb,
-            "peak_over_token_array": r.rss_mb * 2**20 / token_bytes, "seconds": r.wall}
+    token_bytes, out_bytes, tokens, peak = r.out.split()
+    token_bytes = int(token_bytes)
+    base = run([sys.executable, "-c", PEAK_RSS + "import kvsim, numpy, numba\nfrom kvsim.io import token_scan\n"
+                "print(peak_mib())"], env)
+    return {"log_bytes": files["big"].stat().st_size, "prompt_tokens": int(tokens),
+            "token_array_mib": token_bytes / 2**20, "output_array_mib": int(out_bytes) / 2**20,
+            "peak_rss_mib": float(peak), "interpreter_rss_mib": float(base.out.split()[-1]),
+            "peak_over_token_array": float(peak) * 2**20 / token_bytes, "seconds": r.wall}
 
 
 def bench_startup(files: dict, runs: int, env: dict) -> list[dict]:

@@ -96,7 +96,7 @@ class Source:
         except UnicodeDecodeError as e:
             return InputError(self.path, f"not valid UTF-8 (byte 0x{data[e.start]:02x} at column {e.start + 1})",
                               lineno)
-        return text if text.strip() else None
+        return None if not text or text.isspace() else text  # (isspace stops at the first letter)
 
     def line_blocks(self, size: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
         """The file as blocks of whole lines: (number of the block's first line, bytes).
