@@ -203,7 +203,8 @@ def bench_parsers(files: dict, runs: int) -> list[dict]:
     candidates["kvsim scanner (one core)"] = parse_scanner
     import kvsim
 
-    candidates["kvsim load_trace (all fields, every core)"] = lambda: kvsim.load_trace(files["tokens"]).num_prompt_tokens
+    candidates["kvsim load_trace (all fields, every core)"] = (
+        lambda: kvsim.load_trace(files["tokens"]).num_prompt_tokens)
     parse_scanner()  # load the compiled kernels before timing
     rows = []
     for name, fn in candidates.items():

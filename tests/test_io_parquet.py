@@ -123,7 +123,8 @@ def test_every_command_reads_parquet(tmp_path, capsys):
         summaries = {k: v["summary"] for k, v in json.loads(js.read_text())["policies"].items()}
         results.append({k: {f: x for f, x in s.items() if f != "replay_seconds"} for k, s in summaries.items()})
     assert results[0] == results[1]
-    for cmd in (["analyze"], ["inspect"], ["sweep", "--capacity", "5000,20000"], ["report", "-o", str(tmp_path / "r.html")]):
+    for cmd in (["analyze"], ["inspect"], ["sweep", "--capacity", "5000,20000"],
+                ["report", "-o", str(tmp_path / "r.html")]):
         assert run([*cmd, str(path)]) == 0, cmd
     assert "parquet" in capsys.readouterr().out
 

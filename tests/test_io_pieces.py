@@ -87,8 +87,9 @@ def test_pieces_equal_whole_prompt_encoding(templates, name, tokenizer, convs):
             rendered.append(tmpl.render_pieces(msgs))
         except Exception:  # a Jinja template may refuse some conversations
             continue
-    ids, starts = enc.encode(rendered)
-    ids2, starts2 = enc.encode(rendered)  # the second time every piece comes from the cache
+    ids, starts, _ = enc.encode(rendered)
+    ids2, starts2, extra = enc.encode(rendered, ["some other text"])  # now every piece is cached
+    assert [a.tolist() for a in extra] == [tok.encode("some other text")]
     for r, a, s, a2, s2 in zip(rendered, ids, starts, ids2, starts2):
         w_ids, w_starts = whole(tok, r)
         assert a.tolist() == w_ids and a2.tolist() == w_ids

@@ -73,9 +73,12 @@ def encode_requests(batch: Sequence[PendingRequest], source: int, tok: Tokenizer
                                              [batch[i].msg_chars for i in chat])
         for i, a, s in zip(chat, ids, starts):
             prompts[i], msg_token_starts[i] = a, s
+    replies = [i for i, r in enumerate(batch) if r.output_ids is None and r.reply is not None]
+    encoded_replies = None
     if piecewise:
         assert pieces is not None, "prompts rendered in pieces need a PieceEncoder"
-        ids, starts = pieces.encode([batch[i].prompt_pieces for i in piecewise])
+        ids, starts, encoded_replies = pieces.encode([batch[i].prompt_pieces for i in piecewise],
+                                                     [batch[i].reply for i in replies])
         for i, a, s in zip(piecewise, ids, starts):
             prompts[i], msg_token_starts[i] = a, s
     if text:
@@ -85,9 +88,9 @@ def encode_requests(batch: Sequence[PendingRequest], source: int, tok: Tokenizer
     tokens = narrow_tokens(_concat(prompts, int(lengths.sum())))
 
     outputs: list = [r.output_ids for r in batch]
-    replies = [i for i, r in enumerate(batch) if r.output_ids is None and r.reply is not None]
     if replies:
-        encoded = tok.encode_arrays([batch[i].reply for i in replies])
+        encoded = (encoded_replies if encoded_replies is not None
+                   else tok.encode_arrays([batch[i].reply for i in replies]))
         for i, a in zip(replies, encoded):
             outputs[i] = np.append(a, eot_id) if batch[i].reply_eot and eot_id is not None else a
     known = np.fromiter((o is not None for o in outputs), bool, count=n)

@@ -93,13 +93,16 @@ class PieceEncoder:
             tail = current[k] + tail
         return tail.endswith(self.specials)
 
-    def encode(self, prompts: Sequence[RenderedPieces]) -> tuple[list[np.ndarray], list[list[int]]]:
-        """Token ids of each prompt, and the token index where each of its messages starts."""
+    def encode(self, prompts: Sequence[RenderedPieces], texts: Sequence[str] = ()
+               ) -> tuple[list[np.ndarray], list[list[int]], list[np.ndarray]]:
+        """Token ids of each prompt, the token index where each of its messages starts, and
+        the ids of ``texts`` (other texts to tokenize in the same batch, not kept)."""
         split = [self.runs(p) for p in prompts]
         if self.held > MAX_CACHED_BYTES:
             self.cache, self.held = {}, 0
         missing = [r for r in dict.fromkeys(r for runs, _ in split for r in runs) if r not in self.cache]
-        for text, ids in zip(missing, self.tok.encode_arrays(missing)):
+        encoded = self.tok.encode_arrays([*missing, *texts])  # one batch: every core busy
+        for text, ids in zip(missing, encoded):
             self.cache[text] = ids
             self.held += ids.nbytes
         cache, out_ids, out_starts = self.cache, [], []
@@ -112,7 +115,7 @@ class PieceEncoder:
                 starts = [self._start(runs, parts, first, where, piece, char) for piece, char in rendered.starts]
             out_ids.append(parts[0] if len(parts) == 1 else np.concatenate(parts))
             out_starts.append(starts)
-        return out_ids, out_starts
+        return out_ids, out_starts, encoded[len(missing):]
 
     def _start(self, runs, parts, first, where, piece: int, char: int) -> int:
         """Token index where a message starts (character ``char`` of piece ``piece``)."""

@@ -6,14 +6,15 @@ Where: ``$KVSIM_CACHE_DIR/traces``, else ``traces`` in the user cache folder
 (0700) and so is every file in it (0600). ``KVSIM_NO_TRACE_CACHE=1`` (or ``kvsim
 --no-trace-cache``) turns it off.
 
-An entry is keyed by the real path of every input file and every option that changes the
+An entry is keyed by the real path of every input file, every option that changes the
 trace (format, tokenizer, chat template, trace block size, ``--on-error``, ``--limit``,
-reader options; a tokenizer file or template file by its content) and kvsim's trace format
-version (and the trace's fields, so an entry written by another kvsim is never read). It records each file's size, modification and change times, inode and a BLAKE2b
-hash of its content. It is served when every file's stat is unchanged; when the stat changed
-but the size did not (a copy, a ``touch``) or the file changed within two seconds of being
-recorded (timestamps too coarse to tell), the content hash decides. A changed, truncated or
-appended log is read again and its entry replaced. Entries past ``KVSIM_TRACE_CACHE_MAX_BYTES``
+reader options; a tokenizer file or template file by its content), kvsim's trace format
+version and the trace's fields (so an entry written by another kvsim is never read). It
+records each file's size, modification and change times, inode and a BLAKE2b hash of its
+content. It is served when every file's stat is unchanged; when the stat changed but the
+size did not (a copy, a ``touch``) or the file changed within two seconds of being recorded
+(timestamps too coarse to tell), the content hash decides. A changed, truncated or appended
+log is read again and its entry replaced. Entries past ``KVSIM_TRACE_CACHE_MAX_BYTES``
 (default 20 GiB) in total are removed, least recently used first.
 """
 from __future__ import annotations

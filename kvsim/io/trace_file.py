@@ -94,7 +94,8 @@ def read_trace_file(path: str | Path) -> Trace:
     if "request_id_offsets" in cols:
         off, data = cols.pop("request_id_offsets"), cols.pop("request_id_bytes").tobytes()
         request_ids = np.empty(len(off) - 1, dtype=object)
-        request_ids[:] = [data[a:b].decode("utf-8", "surrogatepass") for a, b in zip(off[:-1].tolist(), off[1:].tolist())]
+        bounds = zip(off[:-1].tolist(), off[1:].tolist())
+        request_ids[:] = [data[a:b].decode("utf-8", "surrogatepass") for a, b in bounds]
     known = {f.name for f in fields(TraceMeta)}
     meta = TraceMeta(**{k: v for k, v in header["meta"].items() if k in known})
     if not header["has_tokens"]:
