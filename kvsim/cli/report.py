@@ -84,7 +84,16 @@ def report(
     tree, per-tenant and per-adapter hit rates with the cost of isolation, and the
     recommendation of [bold]kvsim analyze[/]. Without a capacity option the report uses the
     KV needed for 90% of the upper bound. No prompt text unless --show-text.
+
+    A record of [bold]kvsim serve --upstream[/] gets the agreement report instead: kvsim's
+    predicted cached_tokens vs the server's, per request (--format tokens for the HTML page).
     """
+    if fmt == "auto" and len(logs) == 1:
+        from kvsim.report.agreement import is_proxy_record, load_agreement, render_agreement
+
+        if is_proxy_record(logs[0]):
+            render_agreement(console, load_agreement(logs[0]), top=top, show_text=show_text)
+            return
     from kvsim.analyze.options import parse_block_sizes
     from kvsim.errors import ConfigError
     from kvsim.outputs import check_output_path

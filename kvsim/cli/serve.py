@@ -1,0 +1,118 @@
+"""`kvsim serve`: an OpenAI-compatible endpoint whose usage reports the cache model's cached_tokens."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from kvsim.cli.app import app, console
+from kvsim.cli.options import (BlockSizeOpt, CapacityTokensOpt, EngineVersionOpt, EvictionPolicyOpt, GpuOpt,
+                               GpuUtilOpt, KvCacheMemoryOpt, MaxTotalTokensOpt, MemFractionOpt, ModelOpt,
+                               NumGpuBlocksOpt, PageSizeOpt, TemplateOpt, TokenizerOpt, sim_options)
+
+_SRV = "Server"
+_REC = "Record and proxy"
+_RAD = "SGLang radix settings"
+_ENG = "Engine settings"
+
+
+@app.command()
+def serve(
+    policy: Annotated[str, typer.Option("--policy", "-p", help="apc (vLLM APC) or radix (SGLang RadixAttention).")]
+    = "apc",
+    capacity_tokens: CapacityTokensOpt = None,
+    num_gpu_blocks: NumGpuBlocksOpt = None,
+    max_total_tokens: MaxTotalTokensOpt = None,
+    kv_cache_memory: KvCacheMemoryOpt = None,
+    model: ModelOpt = None,
+    gpu: GpuOpt = None,
+    gpu_memory_utilization: GpuUtilOpt = 0.9,
+    mem_fraction_static: MemFractionOpt = None,
+    block_size: BlockSizeOpt = 16,
+    page_size: PageSizeOpt = 1,
+    eviction_policy: EvictionPolicyOpt = "lru",
+    engine_version: EngineVersionOpt = None,
+    engine: Annotated[str, typer.Option("--engine", help="fast (default: simulate's engines, the same answers "
+                                        "sooner) or reference (the readable models, step by step).",
+                                        rich_help_panel=_ENG)] = "fast",
+    hash_algo: Annotated[str, typer.Option("--hash-algo", help="APC block hash: fast, sha256 or sha256_cbor.",
+                                           rich_help_panel=_ENG)] = "fast",
+    radix_tree: Annotated[str, typer.Option("--radix-tree", help="SGLang tree: unified or classic.",
+                                            rich_help_panel=_RAD)] = "unified",
+    disable_overlap_schedule: Annotated[bool, typer.Option(
+        "--disable-overlap-schedule", help="SGLang's non-overlap scheduler.", rich_help_panel=_RAD)] = False,
+    chunked_prefill_size: Annotated[Optional[int], typer.Option(
+        "--chunked-prefill-size", help="SGLang's chunk size (-1 off; default: SGLang's for --gpu, else 4096).",
+        rich_help_panel=_RAD, show_default=False)] = None,
+    eviction_amount: Annotated[str, typer.Option(
+        "--eviction-amount", help="shortfall (SGLang 0.5.23) or need (older releases).",
+        rich_help_panel=_RAD)] = "shortfall",
+    finish: Annotated[str, typer.Option("--finish", help="How synthetic replies end: length (at max_tokens) or "
+                                        "stop (with the template's end-of-turn token).")] = "length",
+    tokenizer: TokenizerOpt = "cl100k_base",
+    chat_template: TemplateOpt = "llama3",
+    host: Annotated[str, typer.Option("--host", help="Address to listen on (loopback only by default).",
+                                      rich_help_panel=_SRV)] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port (0: any free port, printed at start).",
+                                      rich_help_panel=_SRV)] = 8000,
+    served_model_name: Annotated[str, typer.Option("--served-model-name", help="The base model's name in "
+                                                   "requests and /v1/models.", rich_help_panel=_SRV)] = "kvsim",
+    lora_modules: Annotated[Optional[list[str]], typer.Option(
+        "--lora-modules", help="LoRA adapters served by name, NAME=PATH (repeat or space-separate), as vLLM's.",
+        rich_help_panel=_SRV, show_default=False)] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(
+        "--max-model-len", help="Context length: prompt + max_tokens (default 32768, less if the cache is "
+        "smaller).", rich_help_panel=_SRV, show_default=False)] = None,
+    default_max_tokens: Annotated[int, typer.Option(
+        "--default-max-tokens", help="Reply length of a chat request without max_tokens (0: vLLM's, the "
+        "rest of the context).", rich_help_panel=_SRV)] = 256,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the synthetic replies.", rich_help_panel=_SRV)] = 0,
+    api_key: Annotated[Optional[str], typer.Option(
+        "--api-key", envvar="KVSIM_API_KEY", help="Require Authorization: Bearer KEY on every route but /health.",
+        rich_help_panel=_SRV, show_default=False)] = None,
+    max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", help="Larger request bodies get 413.",
+                                                rich_help_panel=_SRV)] = 16 * 1024 * 1024,
+    record: Annotated[Optional[Path], typer.Option(
+        "--record", help="Append every request to this JSONL log (token ids, no text), readable by "
+        "simulate/analyze/report.", rich_help_panel=_REC, show_default=False)] = None,
+    record_text: Annotated[bool, typer.Option("--record-text", help="Also keep messages, prompts and replies "
+                                              "in the record.", rich_help_panel=_REC)] = False,
+    upstream: Annotated[Optional[str], typer.Option(
+        "--upstream", help="Proxy mode: forward to this OpenAI-compatible server and record its cached_tokens "
+        "beside kvsim's prediction.", rich_help_panel=_REC, show_default=False)] = None,
+    upstream_api_key: Annotated[Optional[str], typer.Option(
+        "--upstream-api-key", envvar="KVSIM_UPSTREAM_API_KEY", help="Authorization sent to the upstream "
+        "(default: the client's, unchanged).", rich_help_panel=_REC, show_default=False)] = None,
+    upstream_timeout: Annotated[float, typer.Option("--upstream-timeout", help="Seconds to wait for the upstream.",
+                                                    rich_help_panel=_REC)] = 600.0,
+) -> None:
+    """Serve an OpenAI-compatible API whose usage.prompt_tokens_details.cached_tokens is the cache model's.
+
+    Point an [bold]openai[/] client at http://HOST:PORT/v1: chat and completion requests
+    (streaming too) get deterministic synthetic replies, and each response reports the
+    prompt tokens the chosen cache model (vLLM APC or SGLang radix, the same model as
+    [bold]kvsim simulate[/]) serves from its cache at that point of the request stream.
+    Requests are applied one at a time in arrival order. [bold]--record[/] writes a log that
+    [bold]kvsim simulate[/] replays to the same numbers; [bold]--upstream[/] forwards to a
+    real server instead and records its cached_tokens beside kvsim's prediction
+    ([bold]kvsim report RECORD.jsonl[/] compares them). Metrics at /metrics use the
+    engine's own names.
+    """
+    from kvsim.serve.config import ServeConfig, parse_lora_modules
+    from kvsim.serve.server import serve as run_server
+
+    options = sim_options(
+        capacity_tokens, num_gpu_blocks, max_total_tokens, kv_cache_memory, model, gpu, gpu_memory_utilization,
+        mem_fraction_static, block_size=block_size, page_size=page_size, eviction_policy=eviction_policy,
+        engine_version=engine_version, hash_algo=hash_algo,
+        extra=dict(radix_tree=radix_tree, overlap=not disable_overlap_schedule, eviction_amount=eviction_amount,
+                   **({} if chunked_prefill_size is None else {"chunked_prefill_size": chunked_prefill_size})))
+    config = ServeConfig(
+        policy=policy, engine=engine, options=options, tokenizer=tokenizer, chat_template=chat_template,
+        served_model_name=served_model_name, lora_modules=parse_lora_modules(lora_modules),
+        max_model_len=max_model_len, default_max_tokens=default_max_tokens or None, finish=finish, seed=seed,
+        host=host, port=port, api_key=api_key, max_body_bytes=max_body_bytes, record=record,
+        record_text=record_text, upstream=upstream, upstream_api_key=upstream_api_key,
+        upstream_timeout=upstream_timeout)
+    run_server(config, announce=lambda line: console.print(line, highlight=False, markup=False, soft_wrap=True))
