@@ -6,6 +6,8 @@ import time
 import numpy as np
 import pytest
 import tiktoken
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvsim.errors import ConfigError
 from kvsim.io import tokenizers
@@ -172,3 +174,19 @@ def test_a_failed_download_is_remembered(monkeypatch, fresh_cache):
     tokenizers._get.cache_clear()
     get_tokenizer("cl100k_base")
     assert calls == ["cl100k_base", "cl100k_base"]
+
+
+SPECIAL_BITS = ["<|endoftext|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|endofprompt|>",
+                "<|eot_id|>", "<|", "|>", "endoftext", " ", "\n", "a", "Hello", "123", "é", "🙂"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(texts=st.lists(st.one_of(st.text(max_size=12), st.lists(st.sampled_from(SPECIAL_BITS), max_size=5).map("".join)),
+                      max_size=8))
+def test_encode_arrays_equals_encode(texts):
+    """Batched encoding (texts joined at a special token none of them holds, then cut) gives
+    each text's own tokens, whatever the texts hold."""
+    tok = get_tokenizer("cl100k_base", LLAMA3)
+    got = tok.encode_arrays(texts)
+    assert [a.tolist() for a in got] == [tok.encode(t) for t in texts]
+    assert [a.tolist() for a in tok._encode_numpy(texts)] == [tok.encode(t) for t in texts]

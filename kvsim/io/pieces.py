@@ -24,21 +24,10 @@ from typing import Sequence
 import numpy as np
 
 from kvsim.io.templates import RenderedPieces
-from kvsim.io.tokenizers import Tokenizer
+from kvsim.io.tokenizers import Tokenizer, overlap_free
 
 #: tokens held for reuse, in bytes of ids; beyond it the cache starts over
 MAX_CACHED_BYTES = 256 << 20
-
-
-def overlap_free(specials: Sequence[str]) -> bool:
-    """No special token is inside another, and none ends with the start of another."""
-    for a in specials:
-        for b in specials:
-            if a != b and a in b:
-                return False
-            if any(a.endswith(b[:k]) for k in range(1, min(len(a), len(b)))):
-                return False
-    return True
 
 
 def cut_strings(tok: Tokenizer) -> tuple[str, ...] | None:
@@ -48,6 +37,9 @@ def cut_strings(tok: Tokenizer) -> tuple[str, ...] | None:
         return None
     specials = tuple(s for s in specials if s)
     return specials if overlap_free(specials) else None
+
+
+__all__ = ["PieceEncoder", "cut_strings", "overlap_free"]
 
 
 class PieceEncoder:
