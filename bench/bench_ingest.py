@@ -129,6 +129,19 @@ def timeit(fn, runs: int) -> tuple[float, object]:
     return statistics.median(times), value
 
 
+def interleaved(fns: list, runs: int) -> tuple[list[float], list]:
+    """Median seconds of each function, run in turn ``runs`` times (a shared machine's load
+    then weighs on all of them alike), and each one's last value."""
+    times: list[list[float]] = [[] for _ in fns]
+    values: list = [None] * len(fns)
+    for _ in range(runs):
+        for k, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            values[k] = fn()
+            times[k].append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times], values
+
+
 # -- sections --------------------------------------------------------------------------------
 def bench_parsers(files: dict, runs: int) -> list[dict]:
     data = files["tokens"].read_bytes()
@@ -282,8 +295,8 @@ def bench_chat(files: dict, runs: int) -> list[dict]:
     rows = []
     for name in ("chat", "mixture"):
         path = files[name]
-        loop_s, prompts = timeit(lambda: render_encode_loop(path, template, tok), runs)
-        kv_s, trace = timeit(lambda: kvsim.load_trace(path), runs)
+        (loop_s, kv_s), (prompts, trace) = interleaved(
+            [lambda: render_encode_loop(path, template, tok), lambda: kvsim.load_trace(path)], runs)
         same = len(prompts) == len(trace) and all(
             np.array_equal(trace.prompt(i), p) for i, p in enumerate(prompts))
         tokens = trace.num_prompt_tokens
@@ -297,13 +310,13 @@ def bench_cache(files: dict, runs: int, env: dict) -> list[dict]:
     rows = []
     for name in ("tokens", "chat"):
         sim = [*KVSIM, "simulate", "--policy", "apc", "--capacity-tokens", "1000000", str(files[name])]
-        misses, hits = [], []
-        for k in range(runs):
-            cache_env = {**env, "KVSIM_CACHE_DIR": str(files["dir"] / f"cache-{name}-{k}")}
-            misses.append(run(sim, cache_env).wall)
-            hits.append(run(sim, cache_env).wall)
-        nocache = median_run([*KVSIM, "--no-trace-cache", *sim[len(KVSIM):]], runs, env).wall
-        rows.append({"log": name, "no_cache_s": nocache, "first_s": statistics.median(misses),
+        misses, hits, nocache = [], [], []
+        for _ in range(runs):
+            run([*KVSIM, "cache", "clear"], env)
+            misses.append(run(sim, env).wall)
+            hits.append(run(sim, env).wall)
+            nocache.append(run([*KVSIM, "--no-trace-cache", *sim[len(KVSIM):]], env).wall)
+        rows.append({"log": name, "no_cache_s": statistics.median(nocache), "first_s": statistics.median(misses),
                      "second_s": statistics.median(hits)})
     return rows
 
@@ -329,8 +342,8 @@ def bench_parquet(files: dict, runs: int, env: dict) -> list[dict]:
         pq = files["dir"] / f"{name}.parquet"
         convert = run([*KVSIM, "--no-trace-cache", "convert", str(files[name]), "-o", str(pq), "--force"], env)
         kvsim.load_trace(pq)  # pyarrow imported before timing
-        jsonl_s, a = timeit(lambda: kvsim.load_trace(files[name]), runs)
-        pq_s, b = timeit(lambda: kvsim.load_trace(pq), runs)
+        (jsonl_s, pq_s), (a, b) = interleaved([lambda: kvsim.load_trace(files[name]), lambda: kvsim.load_trace(pq)],
+                                              runs)
         rows.append({"log": name, "jsonl_bytes": files[name].stat().st_size, "parquet_bytes": pq.stat().st_size,
                      "convert_s": convert.wall, "read_jsonl_s": jsonl_s, "read_parquet_s": pq_s,
                      "ratio": jsonl_s / pq_s, "lossless": same_trace(a, b)})
