@@ -256,7 +256,7 @@ def bench_e2e(files: dict, args, env: dict) -> list[dict]:
         sim = [*KVSIM, "--no-trace-cache", "simulate", "--policy", policy, "--capacity-tokens", cap]
         run([*sim, str(files["tokens"])], env)  # compiled kernels loaded once before timing
         k = paired([*sim, str(files["tokens"]), "--per-request", str(per_request)],
-                   [*sim, str(files["tokens_one"])], args.runs, env)
+                   [*sim, str(files["tokens_one"]), "--per-request", str(tmp / "one.jsonl")], args.runs, env)
         plain_cached = json.loads(plain_out.read_text())["cached"]
         k_cached = [json.loads(line)["cached_tokens"] for line in per_request.read_text().splitlines()]
         per_request.unlink()
