@@ -8,7 +8,7 @@
 set -euo pipefail
 VENV="${1:-.oracle-venv}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm.v1.core.kv_cache_manager, sglang.srt.mem_cache.radix_cache" 2>/dev/null; then
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm.v1.core.kv_cache_manager, sglang.srt.mem_cache.radix_cache, einops, setproctitle, uvicorn, click" 2>/dev/null; then
   echo "oracle ready (cached): $VENV"; exit 0
 fi
 python3 -m venv "$VENV"
@@ -26,6 +26,10 @@ PIP="$VENV/bin/pip"
   prometheus-client pillow sympy mpmath networkx ipython traitlets pygments uvloop aiohttp \
   aiohappyeyeballs aiosignal attrs frozenlist multidict propcache yarl typing-extensions setuptools \
   py-cpuinfo pybase64 triton requests charset-normalizer
+# The scheduler differential tests build the engines' real schedulers: vLLM's ModelConfig
+# inspects the model class, whose layers import einops; SGLang's scheduler module imports
+# setproctitle, uvicorn and click at load time.
+"$PIP" install -q --no-deps einops setproctitle uvicorn click
 # SGLang's config package imports torchvision at load time; the cache never uses it.
 SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 rm -rf "$SITE/torchvision"

@@ -4,7 +4,8 @@
   existing file, and a ``#fragment`` at an existing heading of that file;
 - every citation of an engine rule in kvsim/, tests/, bench/ and scripts/
   (``docs/engines/apc.md §3.5``, or the older ``vllm_apc.md §3.5`` / ``sglang_radix.md §5.3``)
-  names a section heading that exists in docs/engines/apc.md or docs/engines/radix.md;
+  names a section heading that exists in docs/engines/apc.md or docs/engines/radix.md
+  (in kvsim/sched/, a bare § cites vllm-scheduler.md or sglang-scheduler.md);
 - the README stays a front page (under 16 KB).
 """
 from __future__ import annotations
@@ -25,7 +26,11 @@ DOC_NAMES = {
     "docs/engines/apc.md": "apc", "engines/apc.md": "apc", "apc.md": "apc", "vllm_apc.md": "apc",
     "docs/engines/radix.md": "radix", "engines/radix.md": "radix", "radix.md": "radix",
     "sglang_radix.md": "radix",
+    "docs/engines/vllm-scheduler.md": "vllm-scheduler", "engines/vllm-scheduler.md": "vllm-scheduler",
+    "vllm-scheduler.md": "vllm-scheduler", "docs/engines/sglang-scheduler.md": "sglang-scheduler",
+    "engines/sglang-scheduler.md": "sglang-scheduler", "sglang-scheduler.md": "sglang-scheduler",
 }
+SCHEDULER_PAGES = {"vllm": "vllm-scheduler", "sglang": "sglang-scheduler"}
 DOC_MENTION = re.compile(r"[\w./-]*?([\w-]+\.md)")
 SECTION_REF = re.compile(r"§\s*(\d+(?:\.\d+)*)")
 ENGINE_WORDS = {"apc": re.compile(r"\bvllm|\bapc\b", re.I), "radix": re.compile(r"\bsglang|\bradix", re.I)}
@@ -137,6 +142,9 @@ def citations(path: Path):
     last_page = None
     path_page = ("apc" if re.search(r"apc|vllm", path.name) else
                  "radix" if re.search(r"radix|sglang", path.name) else None)
+    sched = path.parent.name == "sched"   # kvsim/sched: a bare § cites the file's scheduler page
+    if sched and path_page:
+        path_page = SCHEDULER_PAGES["vllm" if path_page == "apc" else "sglang"]
     for lineno, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
         mentions = [(m.end(), _page_of_mention(m.group(1))) for m in DOC_MENTION.finditer(line)]
         words = {page for page, rx in ENGINE_WORDS.items() if rx.search(line)}
@@ -144,6 +152,8 @@ def citations(path: Path):
             before = [page for end, page in mentions if end <= ref.start()]
             if before:
                 page = before[-1]
+            elif sched:
+                page = path_page
             elif len(words) == 1:
                 page = next(iter(words))
             else:
@@ -165,7 +175,7 @@ def code_files():
 
 def test_engine_citations_in_code_name_existing_sections():
     """Every `§N.N` a comment or docstring cites exists on the engine page it cites."""
-    known = {"apc": sections("apc"), "radix": sections("radix")}
+    known = {page: sections(page) for page in ("apc", "radix", *SCHEDULER_PAGES.values())}
     found, bad = 0, []
     for p in code_files():
         for lineno, page, sec, line in citations(p):

@@ -13,7 +13,7 @@ import pytest
 from kvsim.cli import run
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
-CHARTS = {"capacity", "block_size", "cached_fraction", "divergence", "prefix_tree", "groups"}
+CHARTS = {"capacity", "block_policies", "block_size", "cached_fraction", "divergence", "prefix_tree", "groups"}
 
 
 def _embedded(page: str) -> list[bytes]:

@@ -87,11 +87,15 @@ def analyze(trace: Trace, options: AnalyzeOptions | None = None) -> AnalysisRepo
         main = index()
         tick = task("statistics", 8) or (lambda n: None)
         reuse = main.reuse
-        report.bound = bound_summary(reuse, lengths)
-        report.upper_bound = upper_bounds(reuse, lengths, opts.block_sizes)
-        report.upper_bound["distinct_prefix_tokens"] = int(lengths.sum() - reuse.sum())
+        # with a warm-up window, earlier requests still count as history but only the
+        # measured ones are counted (cnt)
+        cnt = _counter(len(trace), opts.warmup, report)
+        report.bound = bound_summary(cnt(reuse), cnt(lengths))
+        report.upper_bound = upper_bounds(cnt(reuse), cnt(lengths), opts.block_sizes)
+        report.upper_bound["distinct_prefix_tokens"] = int(cnt(lengths).sum() - cnt(reuse).sum())
         if trace.output_known.any():
-            report.upper_bound["prompts_only"] = bound_summary(index(ext=False, label="prompts only").reuse, lengths)
+            report.upper_bound["prompts_only"] = bound_summary(
+                cnt(index(ext=False, label="prompts only").reuse), cnt(lengths))
         if is_hash:
             report.hash_native = native_hash_bound(reuse, lengths, int(trace.meta.hash_block_size),
                                                    tail_has_id="kvcache-tester" not in trace.meta.formats)
@@ -101,21 +105,21 @@ def analyze(trace: Trace, options: AnalyzeOptions | None = None) -> AnalysisRepo
             "tree": tree_summary(main),
         }
         tick(1)
-        report.divergence = {"histogram": divergence_histogram(reuse, lengths)}
+        report.divergence = {"histogram": divergence_histogram(cnt(reuse), cnt(lengths))}
         if is_hash:
             report.divergence["volatile"] = None
             report.notes.append("volatile-content detection is skipped for hash-id traces: their ids are "
                                 "prefix-chained, so two prompts never run together again after they differ")
         else:
             def rebound(moved: np.ndarray) -> dict[str, Any]:
-                return bound_summary(index(toks=moved, label="moved content").reuse, lengths)
+                return bound_summary(cnt(index(toks=moved, label="moved content").reuse), cnt(lengths))
 
             report.divergence["volatile"] = volatile_content(main, trace, tokens, opts, rebound, report.bound,
                                                              decode if opts.show_text else None)
         tick(2)
         report.sessions = session_continuity(trace, tokens, opts)
         report.isolation = isolation_costs(
-            trace, lambda salt, lora: bound_summary(index(salt, lora, label="isolation").reuse, lengths),
+            trace, lambda salt, lora: bound_summary(cnt(index(salt, lora, label="isolation").reuse), cnt(lengths)),
             report.bound)
         tick(1)
         kv_bytes = _kv_bytes(opts.model)
@@ -147,6 +151,20 @@ def burst_reuse(trace: Trace, index: PrefixIndex, window_s: float) -> dict[str, 
     return {"known": True, "window_s": window_s, "burst_reuse_tokens": int(r[close].sum()),
             "burst_reuse_share": float(r[close].sum() / total) if total else 0.0,
             "burst_requests": int(close.sum())}
+
+
+def _counter(n: int, warmup: Any, report: AnalysisReport) -> Callable[[np.ndarray], np.ndarray]:
+    """Selects the counted requests of a per-request array (all without a warm-up window)."""
+    from kvsim.warmup import measured_mask, parse_warmup
+
+    w = parse_warmup(warmup)
+    if not w.active:
+        return lambda a: a
+    mask = measured_mask(n, w)
+    report.settings["warmup"] = w.as_dict(n)
+    report.notes.append(f"warm-up: {w.describe(n)} in the bounds, the divergence histogram and the isolation "
+                        "costs; the other sections cover the whole log")
+    return lambda a: a[mask]
 
 
 def _settings(opts: AnalyzeOptions) -> dict[str, Any]:

@@ -26,6 +26,7 @@ class AnalyzeOptions:
     # sessions / scheduling
     burst_seconds: float = 1.0       # reuse from a request this recent needs cache-aware scheduling
     heuristic_chars: int = 200       # the seed article's prefix length (characters)
+    warmup: object = None            # kvsim.warmup: these first requests seed reuse but are not counted
 
     def __post_init__(self) -> None:
         sizes = tuple(int(b) for b in self.block_sizes)

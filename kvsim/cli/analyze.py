@@ -16,6 +16,7 @@ from kvsim.cli.options import (
     TemplateOpt,
     TokenizerOpt,
     TraceBlockOpt,
+    WarmupOpt,
     load_from_cli,
 )
 
@@ -36,6 +37,7 @@ def analyze(
     block_sizes: Annotated[str, typer.Option("--block-sizes", help="Block sizes of the sensitivity table.")]
     = "16,32,64,128,256,512",
     top: Annotated[int, typer.Option("--top", help="Shared prefixes and divergence sites listed.")] = 10,
+    warmup: WarmupOpt = None,
     fmt: FormatOpt = "auto",
     tokenizer: TokenizerOpt = "cl100k_base",
     chat_template: TemplateOpt = "llama3",
@@ -57,8 +59,10 @@ def analyze(
     from kvsim.analyze.render import render_report
     from kvsim.outputs import check_output_path
 
+    from kvsim.warmup import parse_warmup
+
     opts = AnalyzeOptions(block_sizes=parse_block_sizes(block_sizes), top=top, show_text=show_text,
-                          model=model, progress=True)
+                          model=model, progress=True, warmup=parse_warmup(warmup))
     if model is not None:
         from kvsim.models import get_model
 
@@ -80,4 +84,4 @@ def analyze(
         from kvsim.report import ReportOptions
 
         html_report(html, trace, logs, ReportOptions(block_sizes=opts.block_sizes, top=top, show_text=show_text,
-                                                     model=model), analysis=report)
+                                                     model=model, warmup=opts.warmup), analysis=report)

@@ -41,6 +41,11 @@ LimitOpt = Annotated[
     Optional[int],
     typer.Option("--limit", help="Read at most this many requests.", rich_help_panel="Input", show_default=False),
 ]
+WarmupOpt = Annotated[
+    Optional[str],
+    typer.Option("--warmup", help="Warm-up window: the first FRACTION (0.5, 50%) or N requests fill the cache but "
+                 "are left out of every count.", show_default=False),
+]
 ShowTextOpt = Annotated[
     bool,
     typer.Option("--show-text", help="Include raw prompt text in output (off by default: logs are sensitive)."),

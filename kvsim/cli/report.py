@@ -10,7 +10,7 @@ from kvsim.cli.app import app, console, err_console
 from kvsim.cli.options import (BlockSizeOpt, CapacityTokensOpt, EngineVersionOpt, EvictionPolicyOpt, FormatOpt,
                                GpuOpt, GpuUtilOpt, KvCacheMemoryOpt, LimitOpt, LogPaths, MaxTotalTokensOpt,
                                MemFractionOpt, ModelOpt, NumGpuBlocksOpt, OnErrorOpt, PageSizeOpt, ShowTextOpt,
-                               TemplateOpt, TokenizerOpt, TraceBlockOpt, load_from_cli, sim_options)
+                               TemplateOpt, TokenizerOpt, TraceBlockOpt, WarmupOpt, load_from_cli, sim_options)
 
 _ENG = "Engine settings"
 _OUT = "Output"
@@ -68,6 +68,7 @@ def report(
     jobs: Annotated[Optional[int], typer.Option(
         "--jobs", "-j", help="Parallel replays (default: 1 below 2M prompt tokens, else all CPUs).",
         show_default=False)] = None,
+    warmup: WarmupOpt = None,
     fmt: FormatOpt = "auto",
     tokenizer: TokenizerOpt = "cl100k_base",
     chat_template: TemplateOpt = "llama3",
@@ -98,7 +99,9 @@ def report(
     from kvsim.errors import ConfigError
     from kvsim.outputs import check_output_path
     from kvsim.report import ReportOptions
+    from kvsim.warmup import parse_warmup
 
+    window = parse_warmup(warmup)
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {jobs}")
     sim = sim_options(capacity_tokens, num_gpu_blocks, max_total_tokens, kv_cache_memory, model, gpu,
@@ -115,13 +118,13 @@ def report(
         load_validation(gpu_results)  # a bad file fails before the log is read
     check_output_path(output, logs)
     options = ReportOptions(sim=sim, block_sizes=parse_block_sizes(block_sizes), top=top, show_text=show_text,
-                            model=model, calibration=calib, gpu_results=gpu_results, jobs=jobs)
+                            model=model, calibration=calib, gpu_results=gpu_results, jobs=jobs, warmup=window)
     trace = load_from_cli(logs, fmt, tokenizer, chat_template, trace_block_size, on_error, limit)
     html_report(output, trace, logs, options, png_dir=png_dir)
 
 
 def sweep_report_options(block_size: str, page_size: str, eviction_policy: str, engine_version: str | None,
-                         model: str | None, jobs: int | None) -> Any:
+                         model: str | None, jobs: int | None, warmup: Any = None) -> Any:
     """The report settings of ``kvsim sweep --html``: the first block size, page size and
     eviction policy of the grid are the report's engine settings."""
     from kvsim.replay.options import SimOptions
@@ -131,4 +134,4 @@ def sweep_report_options(block_size: str, page_size: str, eviction_policy: str, 
     sim = SimOptions(block_size=parse_ints(block_size, "--block-size")[0],
                      page_size=parse_ints(page_size, "--page-size")[0],
                      eviction_policy=parse_eviction_policies(eviction_policy)[0], engine_version=engine_version)
-    return ReportOptions(sim=sim, model=model, jobs=jobs)
+    return ReportOptions(sim=sim, model=model, jobs=jobs, warmup=warmup)

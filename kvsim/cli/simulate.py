@@ -10,7 +10,7 @@ from kvsim.cli.app import app, console
 from kvsim.cli.options import (BlockSizeOpt, CapacityTokensOpt, EngineVersionOpt, EvictionPolicyOpt, FormatOpt,
                                GpuOpt, GpuUtilOpt, KvCacheMemoryOpt, LimitOpt, LogPaths, MaxTotalTokensOpt,
                                MemFractionOpt, ModelOpt, NumGpuBlocksOpt, OnErrorOpt, PageSizeOpt, TemplateOpt,
-                               TokenizerOpt, TraceBlockOpt, load_from_cli, sim_options)
+                               TokenizerOpt, TraceBlockOpt, WarmupOpt, load_from_cli, sim_options)
 
 _ENG = "Engine settings"
 _OUT = "Output"
@@ -63,6 +63,7 @@ def simulate(
     html: Annotated[Optional[Path], typer.Option(
         "--html", help="Also write the HTML report at this capacity (PNGs next to it), as kvsim report.",
         rich_help_panel=_OUT, show_default=False)] = None,
+    warmup: WarmupOpt = None,
     fmt: FormatOpt = "auto",
     tokenizer: TokenizerOpt = "cl100k_base",
     chat_template: TemplateOpt = "llama3",
@@ -82,8 +83,10 @@ def simulate(
     from kvsim.outputs import check_output_path
     from kvsim.cache.registry import resolve_policies
     from kvsim.replay.simulate import run_simulation, render_simulation, simulation_json, per_request_rows
+    from kvsim.warmup import apply_warmup, parse_warmup
 
     names = resolve_policies(policy)
+    parse_warmup(warmup)
     options = sim_options(
         capacity_tokens, num_gpu_blocks, max_total_tokens, kv_cache_memory, model, gpu, gpu_memory_utilization,
         mem_fraction_static, block_size=block_size, page_size=page_size, eviction_policy=eviction_policy,
@@ -103,11 +106,18 @@ def simulate(
         calib = Calibration.load(calibration)
     trace = load_from_cli(logs, fmt, tokenizer, chat_template, trace_block_size, on_error, limit)
     runs = run_simulation(trace, names, options, progress=True)
+    window = apply_warmup(runs, len(trace), warmup)
     render_simulation(console, trace, runs, options, calibration=calib)
+    if window.active:
+        console.print(f"[dim]Warm-up: {window.describe(len(trace))} (SGLang's logged rate, a whole-run figure, "
+                      "is not shown).[/]")
     if json_out is not None:
         from kvsim.outputs import write_json
 
-        write_json(json_out, simulation_json(trace, runs, options, calibration=calib))
+        data = simulation_json(trace, runs, options, calibration=calib)
+        if window.active:
+            data["warmup"] = window.as_dict(len(trace))
+        write_json(json_out, data)
         console.print(f"summary written to {json_out}")
     if per_request is not None:
         from kvsim.outputs import write_jsonl
@@ -118,7 +128,7 @@ def simulate(
         from kvsim.cli.report import html_report
         from kvsim.report import ReportOptions
 
-        html_report(html, trace, logs, ReportOptions(sim=options, calibration=calib), runs=runs)
+        html_report(html, trace, logs, ReportOptions(sim=options, calibration=calib, warmup=window), runs=runs)
 
 
 def _check_settings(names: list[str], options) -> None:

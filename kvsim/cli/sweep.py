@@ -15,6 +15,7 @@ from kvsim.cli.options import (
     TemplateOpt,
     TokenizerOpt,
     TraceBlockOpt,
+    WarmupOpt,
     load_from_cli,
 )
 
@@ -61,6 +62,7 @@ def sweep(
     html: Annotated[Optional[Path], typer.Option(
         "--html", help="Also write the HTML report with this sweep's curves (PNGs next to it), as kvsim report.",
         rich_help_panel=_OUT, show_default=False)] = None,
+    warmup: WarmupOpt = None,
     fmt: FormatOpt = "auto",
     tokenizer: TokenizerOpt = "cl100k_base",
     chat_template: TemplateOpt = "llama3",
@@ -74,7 +76,8 @@ def sweep(
     --block-size, radix rows --page-size and --eviction-policy. Hit rate = cached prompt
     tokens / prompt tokens of admitted requests. With --curve, a one-pass stack-distance model
     gives the whole hit-rate-vs-capacity curve of each LRU-like setting; its error against the
-    exact replays is shown per row.
+    exact replays is shown per row. Every row also shows the optimum: the most any cache of that
+    size could hit, knowing the future, under the engine's rules.
     """
     from kvsim.errors import ConfigError
     from kvsim.outputs import check_output_path
@@ -85,8 +88,10 @@ def sweep(
         parse_policies,
     )
     from kvsim.sweep.runner import EXECUTORS, make_executor
+    from kvsim.warmup import parse_warmup
 
     names = parse_policies(policy)
+    window = parse_warmup(warmup)
     parse_capacities(capacity, model)
     parse_ints(block_size, "--block-size")
     parse_ints(page_size, "--page-size")
@@ -108,7 +113,8 @@ def sweep(
     trace = load_from_cli(logs, fmt, tokenizer, chat_template, trace_block_size, on_error, limit)
     options = {} if engine_version is None else {"engine_version": engine_version}
     result = run(trace, names, capacity, block_size, page_size, eviction_policy, model=model, jobs=jobs,
-                 executor=runner, curves=curve, curve_points=curve_points, progress=True, **options)
+                 executor=runner, curves=curve, curve_points=curve_points, progress=True, warmup=window,
+                 **options)
     render_sweep(console, result)
     if csv_out is not None:
         from kvsim.outputs import write_text_atomic
@@ -120,11 +126,11 @@ def sweep(
 
         settings = {"policy": names, "capacity": capacity, "block_size": block_size, "page_size": page_size,
                     "eviction_policy": eviction_policy, "model": model, "engine_version": engine_version,
-                    "executor": executor, "jobs": jobs}
+                    "executor": executor, "jobs": jobs, "warmup": warmup}
         write_json(json_out, sweep_json(trace, result, settings))
         console.print(f"sweep written to {json_out}")
     if html is not None:
         from kvsim.cli.report import html_report, sweep_report_options
 
         html_report(html, trace, logs, sweep_report_options(block_size, page_size, eviction_policy, engine_version,
-                                                            model, jobs), sweep_result=result)
+                                                            model, jobs, window), sweep_result=result)

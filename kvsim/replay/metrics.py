@@ -26,10 +26,16 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
+def counted(result: ReplayResult) -> np.ndarray:
+    """bool (n,): the requests every figure counts (all but a warm-up window, ``kvsim.warmup``)."""
+    return np.ones(len(result), bool) if result.measured is None else np.asarray(result.measured, bool)
+
+
 def summarize(result: ReplayResult, trace: Trace, calibration: Any = None) -> dict[str, Any]:
-    """Headline figures of one replay as a flat dict (JSON-ready)."""
+    """Headline figures of one replay as a flat dict (JSON-ready), over the counted requests."""
     prompt = trace.prompt_lengths
-    ok = ~result.rejected
+    m = counted(result)
+    ok = ~result.rejected & m
     cached = result.cached_tokens
     p_ok = int(prompt[ok].sum())
     c_ok = int(cached[ok].sum())
@@ -38,9 +44,9 @@ def summarize(result: ReplayResult, trace: Trace, calibration: Any = None) -> di
     frac = np.divide(cached[ok], prompt[ok], out=np.zeros(int(ok.sum())), where=prompt[ok] > 0)
     out: dict[str, Any] = {
         "policy": result.policy,
-        "requests": len(result),
+        "requests": int(m.sum()),
         "admitted": int(ok.sum()),
-        "rejected": int(result.rejected.sum()),
+        "rejected": int((result.rejected & m).sum()),
         "prompt_tokens": p_ok,
         "cached_tokens": c_ok,
         "computed_tokens": p_ok - c_ok,
@@ -49,8 +55,8 @@ def summarize(result: ReplayResult, trace: Trace, calibration: Any = None) -> di
         "request_hit_rate": float((cached[ok] > 0).mean()) if ok.any() else 0.0,
         "mean_cached_fraction": float(frac.mean()) if len(frac) else 0.0,
         "cache_reads_skipped": int((ok & ~result.read_cache).sum()),
-        "evictions": int(result.evictions.sum()),
-        "evicted_tokens": int(result.evicted_tokens.sum()),
+        "evictions": int(result.evictions[m].sum()),
+        "evicted_tokens": int(result.evicted_tokens[m].sum()),
         "capacity_tokens": result.capacity_tokens,
         "peak_used_tokens": int(result.peak_used_tokens),
         "replay_seconds": round(float(result.elapsed_s), 4),
@@ -58,8 +64,10 @@ def summarize(result: ReplayResult, trace: Trace, calibration: Any = None) -> di
     if result.policy == "apc":  # the rate vLLM's own log/metrics would show
         out["vllm_logged_hit_rate"] = hits / queries if queries else 0.0
     for key in ("sglang_logged_hit_rate",):
-        if key in result.extra:
+        if key in result.extra and result.measured is None:  # a whole-run figure: none with a warm-up
             out[key] = result.extra[key]
+    if result.measured is not None:
+        out["warmup_requests"] = len(result) - int(m.sum())
     if calibration is not None:
         out.update(prefill_time_saved(result, trace, calibration))
     return out
@@ -67,7 +75,7 @@ def summarize(result: ReplayResult, trace: Trace, calibration: Any = None) -> di
 
 def prefill_time_saved(result: ReplayResult, trace: Trace, calibration: Any) -> dict[str, float]:
     """Estimated prefill GPU-seconds with and without the cache, from a gpu-validate calibration."""
-    ok = ~result.rejected
+    ok = ~result.rejected & counted(result)
     prompt = trace.prompt_lengths[ok].astype(np.float64)
     cached = result.cached_tokens[ok].astype(np.float64)
     full = np.array([calibration.prefill_seconds(int(p), 0) for p in prompt])
@@ -103,6 +111,9 @@ def per_request_frame(result: ReplayResult, trace: Trace) -> pd.DataFrame:
         if (codes != NONE).any():
             # object dtype keeps None (JSON null) for requests without a value
             frame[column] = pd.Series([trace.name_of(column, int(c)) for c in codes], dtype=object)
+    m = counted(result)
+    if not m.all():
+        frame = frame[m].reset_index(drop=True)  # warm-up requests are left out
     return frame
 
 
@@ -111,11 +122,12 @@ def breakdown(result: ReplayResult, trace: Trace, column: str) -> pd.DataFrame:
     import pandas as pd
 
     codes = getattr(trace, column)
-    ok = ~result.rejected
+    m = counted(result)
+    ok = ~result.rejected & m
     df = pd.DataFrame({
         "group": codes, "prompt": trace.prompt_lengths * ok, "cached": result.cached_tokens * ok,
         "requests": np.ones(len(trace), np.int64), "rejected": result.rejected.astype(np.int64),
-    })
+    })[m]
     g = df.groupby("group", sort=True).sum()
     g["token_hit_rate"] = np.where(g["prompt"] > 0, g["cached"] / g["prompt"].where(g["prompt"] > 0, 1), 0.0)
     g.index = ["(none)" if c == NONE else trace.name_of(column, int(c)) for c in g.index]

@@ -28,6 +28,7 @@ class ReplayResult:
     peak_used_tokens: int             # most KV tokens ever held (cached or in use)
     elapsed_s: float = 0.0            # wall time of the replay itself
     extra: dict[str, Any] = field(default_factory=dict)  # policy-specific (tree stats, ...)
+    measured: np.ndarray | None = None  # bool (n,): requests counted (None: all; see kvsim.warmup)
 
     def __post_init__(self) -> None:
         self.cached_tokens = np.asarray(self.cached_tokens, np.int64)

@@ -26,7 +26,13 @@ from kvsim.report.document import Chart, KeyNumber, ReportData, Section, Table
 
 Say = Callable[[str], None]
 POLICIES = ("apc", "radix")
-CAPACITY_POINTS = 7          # exact replays along the capacity axis
+CAPACITY_POINTS = 7          # exact APC replays along the capacity axis
+RADIX_POINTS = 16            # exact radix replays along the capacity axis to start with (drawn as its curve),
+RADIX_STEP = 0.01            # then more wherever neighbours differ by more than this,
+RADIX_MAX_POINTS = 96        # up to this many (twice RADIX_POINTS for logs of RADIX_BIG_TOKENS and more)
+RADIX_BIG_TOKENS = 20_000_000
+OPTIMAL_POINTS = 48          # capacities of each optimal curve
+NEAR_OPTIMAL = 0.9           # "reaches 90% of the optimum"
 MAX_GROUPS = 12              # bars per grouping panel
 
 
@@ -48,6 +54,7 @@ class ReportOptions:
     curve_points: int = 96
     title: str | None = None
     command: str | None = None               # the command line, shown in the notes
+    warmup: Any = None                       # kvsim.warmup: first requests fill the cache, are not counted
 
     def __post_init__(self) -> None:
         if not 0 < self.target_share < 1:
@@ -57,6 +64,9 @@ class ReportOptions:
             raise ConfigError("block sizes must be positive integers")
         if self.model is None:
             self.model = self.sim.model
+        from kvsim.warmup import parse_warmup
+
+        self.warmup = parse_warmup(self.warmup)
 
 
 def build_report(trace: Trace, options: ReportOptions | None = None, *, analysis: dict[str, Any] | None = None,
@@ -121,7 +131,7 @@ class _Builder:
 
             self._phase(f"analyzing {len(tr):,} requests ({tr.num_prompt_tokens:,} prompt tokens)")
             analysis = analyze(tr, AnalyzeOptions(block_sizes=o.block_sizes, top=o.top, show_text=o.show_text,
-                                                  model=o.model, progress=True)).to_dict()
+                                                  model=o.model, progress=True, warmup=o.warmup)).to_dict()
         self.an = analysis
         self._phase("one-pass hit-rate curves")
         self.models = self._curve_models()
@@ -161,11 +171,14 @@ class _Builder:
 
     def _curve_models(self) -> dict[str, Any]:
         from kvsim.sweep.curves import LRU_LIKE, curve_model
+        from kvsim.warmup import as_fraction
 
         sim = self.opts.sim
+        warm = as_fraction(len(self.trace), self.opts.warmup)
         models: dict[str, Any] = {"apc": curve_model(self.trace, "apc", block_size=sim.block_size,
-                                                     engine_version=sim.engine_version)}
-        models["radix"] = (curve_model(self.trace, "radix", page_size=sim.page_size, eviction_policy="lru")
+                                                     engine_version=sim.engine_version, warmup=warm)}
+        models["radix"] = (curve_model(self.trace, "radix", page_size=sim.page_size, eviction_policy="lru",
+                                       warmup=warm)
                            if sim.eviction_policy.lower() in LRU_LIKE else None)
         return models
 
@@ -188,13 +201,21 @@ class _Builder:
         if missing:
             self._phase(f"replaying {' and '.join(missing)} at the chosen capacity")
             have.update(run_simulation(self.trace, missing, self.chosen_sim))
-        return {p: have[p] for p in POLICIES}
+        return self._counted({p: have[p] for p in POLICIES})
+
+    def _counted(self, runs: dict[str, Any]) -> dict[str, Any]:
+        """The runs with the warm-up window left out of their figures."""
+        from kvsim.warmup import apply_warmup
+
+        apply_warmup(runs, len(self.trace), self.opts.warmup)
+        return runs
 
     def _sweep(self, policies: str, capacities: list[float], **grid: Any):
         from kvsim.sweep import sweep
 
         extra = {"engine_version": self.opts.sim.engine_version} if self.opts.sim.engine_version else {}
-        return sweep(self.trace, policies, capacities, jobs=self.jobs, curves=False, **grid, **extra).frame
+        return sweep(self.trace, policies, capacities, jobs=self.jobs, curves=False, warmup=self.opts.warmup,
+                     optimal=False, **grid, **extra).frame
 
     def _capacity_range(self) -> tuple[float, float]:
         apc = self.models["apc"]
@@ -207,40 +228,84 @@ class _Builder:
 
     def _capacity_series(self, sweep_result: Any) -> tuple[list[dict[str, Any]], list[list[str]]]:
         sim = self.opts.sim
+        self.optimal = self._optimal_models(sweep_result)
         if sweep_result is not None:
             return self._series_from_sweep(sweep_result)
         lo, hi = self._capacity_range()
         series: list[dict[str, Any]] = []
-        for p, m in self.models.items():
-            if m is None:
-                continue
-            xs, ys = m.grid(self.opts.curve_points, lo_tokens=lo, hi_tokens=hi)
-            what = "exact" if p == "apc" else "estimate"
-            series.append({"policy": p, "label": f"{T.policy_label(p, sim)}: one-pass curve ({what})",
-                           "setting": p, "kind": "curve", "capacity_tokens": xs, "hit_rate": ys})
-        caps = sorted({float(round(c / 16) * 16) for c in np.geomspace(lo, hi / 1.5, CAPACITY_POINTS)}
-                      | {c for c in self.caps.values() if math.isfinite(c)})
-        frame = self._sweep("apc,radix", caps, block_sizes=[sim.block_size], page_sizes=[sim.page_size],
-                            eviction_policies=[sim.eviction_policy])
-        rows = []
-        self.curve_error: dict[str, float] = {}
+        apc = self.models["apc"]
+        xs, ys = apc.grid(self.opts.curve_points, lo_tokens=lo, hi_tokens=hi)
+        series.append({"policy": "apc", "label": f"{T.policy_label('apc', sim)}: one-pass curve (exact)",
+                       "setting": "apc", "kind": "curve", "capacity_tokens": xs, "hit_rate": ys})
+        chosen = {c for c in self.caps.values() if math.isfinite(c)}
+        caps = sorted({float(round(c / 16) * 16) for c in np.geomspace(lo, hi / 1.5, CAPACITY_POINTS)} | chosen)
+        frame = self._sweep("apc", caps, block_sizes=[sim.block_size])
+        exact: dict[str, Any] = {
+            "apc": (frame["capacity_tokens"].to_numpy(np.float64), frame["token_hit_rate"].to_numpy(np.float64))}
+        # no one-pass model tracks the radix tree within a point: draw its exact replays, dense
+        # enough that neighbours differ by at most RADIX_STEP (kvsim.sweep.dense)
+        from kvsim.sweep.dense import dense_capacities, largest_step
+
+        def radix_rates(batch: list[float]) -> list[float]:
+            return self._sweep("radix", batch, page_sizes=[sim.page_size],
+                               eviction_policies=[sim.eviction_policy])["token_hit_rate"].tolist()
+
+        big = self.trace.num_prompt_tokens >= RADIX_BIG_TOKENS   # replays take seconds each: fewer
+        exact["radix"] = dense_capacities(radix_rates, lo, hi / 1.5, start=RADIX_POINTS, step=RADIX_STEP,
+                                          max_points=RADIX_POINTS * 2 if big else RADIX_MAX_POINTS,
+                                          extra=sorted(chosen))
+        x, y = exact["apc"]
+        series.append({"policy": "apc", "label": f"{T.policy_label('apc', sim)}: exact replays", "setting": "apc",
+                       "kind": "exact", "capacity_tokens": x, "hit_rate": y})
+        x, y = exact["radix"]
+        inside = (x >= lo - 16) & (x <= hi)   # a chosen capacity below the range stands alone
+        series.append({"policy": "radix", "label": f"{T.policy_label('radix', sim)}: exact replays at "
+                       f"{int(inside.sum())} capacities, joined", "setting": "radix", "kind": "joined",
+                       "capacity_tokens": x[inside], "hit_rate": y[inside]})
+        if not inside.all():
+            series.append({"policy": "radix", "label": f"{T.policy_label('radix', sim)}: exact replay",
+                           "setting": "radix", "kind": "exact", "capacity_tokens": x[~inside],
+                           "hit_rate": y[~inside]})
+        self.radix_step = largest_step(y[inside])
+        self.curve_error = {"apc": float(np.abs(apc.hit_rate(exact["apc"][0]) - exact["apc"][1]).max())}
+        opt_x = np.unique(np.geomspace(lo, hi, OPTIMAL_POINTS).round())
+        self.near: dict[str, float | None] = {}
         for p in POLICIES:
-            sub = frame[frame["policy"] == p]
-            x = sub["capacity_tokens"].to_numpy(np.float64)
-            y = sub["token_hit_rate"].to_numpy(np.float64)
-            series.append({"policy": p, "label": f"{T.policy_label(p, sim)}: exact replays", "setting": p,
-                           "kind": "exact", "capacity_tokens": x, "hit_rate": y})
-            if self.models.get(p) is not None:
-                self.curve_error[p] = float(np.abs(self.models[p].hit_rate(x) - y).max())
-        by_cap: dict[float, dict[str, float]] = {}
-        for row in frame.to_dict(orient="records"):
-            by_cap.setdefault(row["capacity_tokens"], {})[row["policy"]] = row["token_hit_rate"]
-        for cap in sorted(by_cap):
-            est = {p: (float(self.models[p].hit_rate([cap])[0]) if self.models.get(p) is not None else None)
-                   for p in POLICIES}
-            rows.append([T.tokens(cap), T.gib(cap, self.kv_bytes), *(T.pct(by_cap[cap].get(p)) for p in POLICIES),
-                         *(T.pct(est[p]) for p in POLICIES)])
+            series.append(self._optimal_series(p, opt_x))
+        self.near["apc"] = _near_optimal(opt_x, apc.hit_rate(opt_x), self.optimal["apc"].hit_rate(opt_x))
+        self.near["radix"] = _near_optimal(x[inside], y[inside], self.optimal["radix"].hit_rate(x[inside]))
+        rows = []
+        for cap in sorted(set(exact["apc"][0]) | set(exact["radix"][0])):
+            cells = []
+            for p in POLICIES:
+                xs_p, ys_p = exact[p]
+                hit = ys_p[xs_p == cap]
+                cells += [T.pct(float(hit[0]) if len(hit) else None), T.pct(float(self.optimal[p].hit_rate([cap])[0]))]
+            rows.append([T.tokens(cap), T.gib(cap, self.kv_bytes), *cells, T.pct(float(apc.hit_rate([cap])[0]))])
         return series, rows
+
+    def _optimal_models(self, sweep_result: Any) -> dict[str, Any]:
+        """The optimum of each engine at the report's block / page size (the sweep's, if given)."""
+        if sweep_result is not None and getattr(sweep_result, "optimal", None):
+            found = {o.engine: o.model for o in sweep_result.optimal if o.model is not None}
+            if set(POLICIES) <= set(found):
+                return {p: found[p] for p in POLICIES}
+        from kvsim.replay.radix import radix_settings
+        from kvsim.sweep.optimal import apc_optimal, radix_optimal
+
+        sim = self.chosen_sim
+        rs = radix_settings(sim)
+        return {"apc": apc_optimal(self.trace, sim.block_size, warmup=self.opts.warmup),
+                "radix": radix_optimal(self.trace, sim.page_size, warmup=self.opts.warmup, overlap=rs.overlap,
+                                       finish=rs.finish, max_new_tokens=rs.max_new_tokens,
+                                       chunked_prefill_size=rs.chunked_prefill_size)}
+
+    def _optimal_series(self, policy: str, caps: np.ndarray) -> dict[str, Any]:
+        model = self.optimal[policy]
+        size = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in model.settings.items() if k.endswith("size"))
+        return {"policy": policy, "label": f"{T.POLICY_SHORT[policy]} optimum (any eviction, {size})",
+                "setting": f"optimal-{policy}", "kind": "optimal", "capacity_tokens": caps,
+                "hit_rate": model.hit_rate(caps)}
 
     def _series_from_sweep(self, result: Any) -> tuple[list[dict[str, Any]], list[list[str]]]:
         series: list[dict[str, Any]] = []
@@ -249,21 +314,35 @@ class _Builder:
             if c.policy not in POLICIES:
                 continue
             setting = T.setting_label(c.policy, c.settings)
+            what = "exact" if c.policy == "apc" else "estimate"
             keep = c.capacity_tokens >= lo  # below, the largest requests are rejected
-            series.append({"policy": c.policy, "label": f"{setting}: one-pass curve", "setting": setting,
+            series.append({"policy": c.policy, "label": f"{setting}: one-pass curve ({what})", "setting": setting,
                            "kind": "curve", "capacity_tokens": c.capacity_tokens[keep], "hit_rate": c.hit_rate[keep]})
+        for o in getattr(result, "optimal", []):
+            size = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in o.settings.items() if k.endswith("size"))
+            keep = o.capacity_tokens >= lo
+            series.append({"policy": o.engine, "label": f"{T.POLICY_SHORT[o.engine]} optimum (any eviction, {size})",
+                           "setting": f"optimal-{o.engine}-{size}", "kind": "optimal",
+                           "capacity_tokens": o.capacity_tokens[keep], "hit_rate": o.hit_rate[keep]})
         frame = result.frame
         rows = []
         keys = ["policy", "block_size", "page_size", "eviction_policy"]
+        self.near = {}
         for _key, sub in frame.groupby(keys, dropna=False, sort=False):
             first = sub.iloc[0].to_dict()
             setting = T.setting_label(first["policy"], first)
+            x = sub["capacity_tokens"].to_numpy(np.float64)
+            y = sub["token_hit_rate"].to_numpy(np.float64)
             series.append({"policy": first["policy"], "label": f"{setting}: exact replays", "setting": setting,
-                           "kind": "exact", "capacity_tokens": sub["capacity_tokens"].to_numpy(np.float64),
-                           "hit_rate": sub["token_hit_rate"].to_numpy(np.float64)})
+                           "kind": "exact", "capacity_tokens": x, "hit_rate": y})
+            if "optimal_hit_rate" in sub and first["policy"] not in self.near:
+                order = np.argsort(x)
+                self.near[first["policy"]] = _near_optimal(x[order], y[order],
+                                                           sub["optimal_hit_rate"].to_numpy(np.float64)[order])
             for row in sub.to_dict(orient="records"):
                 rows.append([T.tokens(row["capacity_tokens"]), T.gib(row["capacity_tokens"], self.kv_bytes),
-                             setting, T.pct(row["token_hit_rate"]), T.pct(row.get("curve_hit_rate"))])
+                             setting, T.pct(row["token_hit_rate"]), T.pct(row.get("optimal_hit_rate")),
+                             T.pct(row.get("curve_hit_rate"))])
         self.curve_error = {}
         self.sweep_table = True
         return series, rows
@@ -305,7 +384,8 @@ class _Builder:
             counterfactual["salt"] = replace(tr, cache_salt=np.full(n, NONE, np.int32), salt_names=[])
         if (tr.lora != NONE).any():
             counterfactual["lora"] = replace(tr, lora=np.full(n, NONE, np.int32), lora_names=[])
-        shared_runs = {k: run_simulation(t, list(POLICIES), self.chosen_sim) for k, t in counterfactual.items()}
+        shared_runs = {k: self._counted(run_simulation(t, list(POLICIES), self.chosen_sim))
+                       for k, t in counterfactual.items()}
         self.isolation_overall = {k: {p: _hit_rate(r[p], tr) for p in POLICIES} for k, r in shared_runs.items()}
         panels = []
         for column in columns:
@@ -342,23 +422,68 @@ class _Builder:
         bounds = {f"unlimited cache, token level ({T.pct(bound['radix'])})": bound["radix"],
                   f"unlimited cache, APC block 16 ({T.pct(bound['block16'])})": bound["block16"]}
         chosen = {"bound": self.caps["apc"]} if self.caps["apc"] == self.caps["radix"] else self.caps
-        fig = F.capacity_chart(series, bounds, chosen=chosen, kv_bytes_per_token=self.kv_bytes)
+        near = getattr(self, "near", {})
+        marks = {p: (f"{T.POLICY_SHORT[p]} stays within {NEAR_OPTIMAL:.0%} of its optimum from", c)
+                 for p, c in near.items()}
+        fig = F.capacity_chart(series, bounds, chosen=chosen, kv_bytes_per_token=self.kv_bytes, marks=marks)
+        from_sweep = getattr(self, "sweep_table", False)
         caption = T.capacity_caption(self.target_caps, self.opts.target_share, self.curve_error,
-                                     from_sweep=getattr(self, "sweep_table", False))
+                                     from_sweep=from_sweep, near=near, near_share=NEAR_OPTIMAL,
+                                     radix_step=getattr(self, "radix_step", None))
         chart = self._chart("capacity", fig, caption, "Line chart of token hit rate against KV cache capacity "
-                            "for vLLM APC and SGLang radix")
+                            "for vLLM APC and SGLang radix, with the optimum of each")
         if self.kv_bytes is None:  # no model: the memory column would be empty
             rows = [r[:1] + r[2:] for r in rows]
-        if getattr(self, "sweep_table", False):
-            table = Table("Exact replays of the sweep (one-pass estimate where available)",
+        if from_sweep:
+            table = Table("Exact replays of the sweep, the optimum, and the one-pass estimate where available",
                           ["capacity (tokens)"] + (["memory"] if self.kv_bytes is not None else [])
-                          + ["setting", "hit rate", "one-pass"], rows)
+                          + ["setting", "hit rate", "optimum", "one-pass"], rows)
         else:
-            table = Table("Exact replays (and the one-pass curves at the same capacities)",
+            table = Table("Exact replays, the optimum at the same capacities, and the APC one-pass curve",
                           ["capacity (tokens)"] + (["memory"] if self.kv_bytes is not None else [])
-                          + ["APC hit rate", "radix hit rate", "APC one-pass", "radix one-pass"], rows)
-        return Section("capacity", "Hit rate vs cache capacity", charts=[chart], tables=[table],
-                       paragraphs=[T.CAPACITY_INTRO])
+                          + ["APC hit rate", "APC optimum", "radix hit rate", "radix optimum", "APC one-pass"], rows)
+        charts = [chart]
+        lab = self._block_policies_chart()
+        if lab is not None:
+            charts.append(lab)
+        return Section("capacity", "Hit rate vs cache capacity", charts=charts, tables=[table],
+                       paragraphs=[T.CAPACITY_INTRO, T.OPTIMAL_INTRO])
+
+    def _block_policies_chart(self) -> Chart | None:
+        """kvcache-lab's view: block FIFO, block LRU and the optimum of a block store."""
+        from kvsim.sweep.curves import block_lru_curve
+        from kvsim.sweep.kvcache_lab import block_events, lab_hit_rates
+        from kvsim.sweep.optimal import block_optimal
+        from kvsim.warmup import as_fraction, parse_warmup
+
+        tr = self.trace
+        B = int(tr.meta.hash_block_size or self.opts.sim.block_size)
+        tail = "drop" if "kvcache-tester" in tr.meta.formats else "weighted"
+        events = block_events(tr, B, tail)
+        distinct = events.unique_in(len(tr))
+        if distinct < 2:
+            return None
+        units = np.unique(np.geomspace(1, distinct * 1.2, 40).round().astype(np.int64))
+        window = parse_warmup(self.opts.warmup)
+        fifo = lab_hit_rates(tr, "fifo", units, B, window, tail)
+        lru_model = block_lru_curve(tr, B, warmup=as_fraction(len(tr), window))
+        opt = block_optimal(tr, B, warmup=window, tail=tail)
+        xs = units * B
+        series = [
+            {"policy": "block-fifo", "label": "block FIFO (kvcache-lab's)", "setting": "fifo", "kind": "joined",
+             "capacity_tokens": xs, "hit_rate": fifo},
+            {"policy": "block-lru", "label": "block LRU (leaf-first, one pass)", "setting": "lru", "kind": "curve",
+             "capacity_tokens": xs, "hit_rate": lru_model.hit_rate_at_units(units)},
+            {"policy": "optimal", "label": "optimum of a block store (any eviction, bypass)", "setting": "opt",
+             "kind": "optimal", "capacity_tokens": xs, "hit_rate": opt.hit_rate(xs)},
+        ]
+        ceiling = opt.at(None).hit_rate
+        fig = F.capacity_chart(series, {f"unlimited ({T.pct(ceiling)})": ceiling}, kv_bytes_per_token=self.kv_bytes,
+                               title=f"Block-level policies, as kvcache-lab draws them ({B}-token blocks)")
+        caption = T.block_policies_caption(B, tail, window.describe(len(tr)) if window.active else None,
+                                           opt.exact)
+        return self._chart("block_policies", fig, caption, "Line chart of token hit rate against cache capacity "
+                           "for block FIFO, block LRU and the optimum of a block store")
 
     def _block_section(self, series: list[dict[str, Any]]) -> Section:
         cap = (self._cap_text("apc") if self.caps["apc"] == self.caps["radix"]
@@ -492,6 +617,9 @@ class _Builder:
             "cached_tokens": {p: summaries[p]["cached_tokens"] for p in POLICIES},
             "prompt_tokens": {p: summaries[p]["prompt_tokens"] for p in POLICIES},
             "capacity_for_target": dict(self.target_caps), "target_share": self.opts.target_share,
+            "optimal_hit_rate": {p: self.optimal[p].at(self.caps[p]).hit_rate for p in POLICIES},
+            "near_optimal_capacity": dict(getattr(self, "near", {})), "near_optimal_share": NEAR_OPTIMAL,
+            "warmup": self.opts.warmup.as_dict(len(self.trace)) if self.opts.warmup.active else None,
             "gpu_seconds_saved": ({p: summaries[p]["prefill_gpu_seconds_saved"] for p in POLICIES}
                                   if self.opts.calibration is not None else None),
             "kv_bytes_per_token": self.kv_bytes,
@@ -504,14 +632,28 @@ def _cap(value: Any) -> float:
     return math.inf if value is None else float(value)
 
 
+def _near_optimal(caps: np.ndarray, rates: np.ndarray, optimal: np.ndarray, share: float = NEAR_OPTIMAL) -> float | None:
+    """The smallest of ``caps`` (ascending) from which an engine stays at >= ``share`` of the
+    optimum at the same capacity (a capacity where the optimum hits nothing counts as reached)."""
+    ok = (rates >= share * optimal - 1e-12) | (optimal <= 0)
+    if len(ok) == 0 or not ok[-1]:
+        return None
+    bad = np.flatnonzero(~ok)
+    return float(caps[bad[-1] + 1] if len(bad) else caps[0])
+
+
 def _hit_rate(result: Any, trace: Trace) -> float:
-    ok = ~result.rejected
+    from kvsim.replay.metrics import counted
+
+    ok = ~result.rejected & counted(result)
     p = int(trace.prompt_lengths[ok].sum())
     return int(result.cached_tokens[ok].sum()) / p if p else 0.0
 
 
 def _fractions(result: Any, trace: Trace) -> np.ndarray:
-    ok = ~result.rejected & (trace.prompt_lengths > 0)
+    from kvsim.replay.metrics import counted
+
+    ok = ~result.rejected & (trace.prompt_lengths > 0) & counted(result)
     return result.cached_tokens[ok] / trace.prompt_lengths[ok]
 
 

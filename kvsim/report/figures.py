@@ -15,7 +15,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
-POLICY_COLORS = {"apc": "#2563a8", "radix": "#d9661f", "bound": "#6b7280", "block-lru": "#4d8a3a"}
+POLICY_COLORS = {"apc": "#2563a8", "radix": "#d9661f", "bound": "#6b7280", "block-lru": "#4d8a3a",
+                 "block-fifo": "#8c564b", "optimal": "#111111"}
 POLICY_NAMES = {"apc": "vLLM APC", "radix": "SGLang radix"}
 LINESTYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v")
@@ -58,13 +59,17 @@ def png_bytes(fig: Figure) -> bytes:
 
 def capacity_chart(series: Sequence[dict[str, Any]], bounds: dict[str, float] | None = None,
                    chosen: dict[str, float] | None = None, kv_bytes_per_token: int | None = None,
-                   title: str = "Token hit rate vs KV cache capacity") -> Figure:
+                   title: str = "Token hit rate vs KV cache capacity",
+                   marks: dict[str, tuple[str, float]] | None = None) -> Figure:
     """Hit rate against usable KV capacity (log scale).
 
-    ``series``: dicts with ``policy``, ``label``, ``kind`` ("curve" = a line, "exact" =
-    markers), ``capacity_tokens`` and ``hit_rate`` (fractions). ``bounds``: label -> the
+    ``series``: dicts with ``policy``, ``label``, ``kind`` ("curve" = a step line, "exact" =
+    markers, "joined" = exact replays joined by a line, "optimal" = a thin dotted line),
+    ``capacity_tokens`` and ``hit_rate`` (fractions). ``bounds``: label -> the
     unlimited-cache rate (a dashed horizontal line). ``chosen``: policy -> capacity marked
-    with a vertical line. With ``kv_bytes_per_token`` a top axis shows GiB.
+    with a vertical line. ``marks``: policy -> (text, capacity), a triangle on the x axis
+    (e.g. where an engine reaches 90% of the optimum), named in the legend. With ``kv_bytes_per_token`` a top
+    axis shows GiB.
     """
     fig = _figure()
     ax = fig.add_subplot()
@@ -78,6 +83,11 @@ def capacity_chart(series: Sequence[dict[str, Any]], bounds: dict[str, float] | 
         if s["kind"] == "curve":
             ax.plot(x[keep], y[keep], color=color, lw=2, ls=LINESTYLES[k % len(LINESTYLES)],
                     drawstyle="steps-post", label=s["label"])
+        elif s["kind"] == "joined":
+            ax.plot(x[keep], y[keep], color=color, lw=2, marker=MARKERS[k % len(MARKERS)], ms=3.5,
+                    label=s["label"])
+        elif s["kind"] == "optimal":
+            ax.plot(x[keep], y[keep], color=color, lw=1.4, ls=(0, (1, 1.5)), label=s["label"])
         else:
             ax.plot(x[keep], y[keep], ls="none", marker=MARKERS[k % len(MARKERS)], ms=6, mfc="white",
                     mec=color, mew=1.6, color=color, label=s["label"])
@@ -89,6 +99,11 @@ def capacity_chart(series: Sequence[dict[str, Any]], bounds: dict[str, float] | 
             ax.axvline(cap, color=POLICY_COLORS.get(policy, "#444444"), lw=1, alpha=0.6, ls="--")
             ax.annotate(f"chosen: {tokens_label(cap)}", (cap, 2), xytext=(4, 0), textcoords="offset points",
                         fontsize=8, color=POLICY_COLORS.get(policy, "#444444"), rotation=90, va="bottom")
+    for policy, (text, cap) in (marks or {}).items():
+        if cap is not None and math.isfinite(cap):
+            color = POLICY_COLORS.get(policy, "#444444")
+            ax.plot([cap], [0], marker="^", ms=9, color=color, clip_on=False, zorder=5, ls="none",
+                    label=f"{text} ({tokens_label(float(f'{cap:.3g}'))})")
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(tokens_label))
     ax.set_ylim(0, 100)

@@ -21,6 +21,12 @@ COLUMN_NAMES = {"tenant": "tenant", "cache_salt": "cache salt", "lora": "LoRA ad
 CAPACITY_INTRO = ("How much of the prompt tokens a cache of a given size serves, replaying the log in arrival "
                   "order. The dashed lines are the unlimited-cache upper bounds; the vertical line is the "
                   "capacity used in the rest of the report.")
+OPTIMAL_INTRO = ("The dotted lines are the optimum: the most any cache of that size could serve, knowing the "
+                 "whole log in advance, under the same engine rules (whole blocks or pages, the last prompt "
+                 "token recomputed, namespaces kept apart, a running request's own blocks resident). The gap "
+                 "between an engine and its optimum is what a better eviction policy could still win; the gap "
+                 "to the dashed bound, only more memory or different prompts. How it is computed and proven: "
+                 "docs/optimal.md in kvsim's repository.")
 BLOCK_INTRO = ("APC caches only full blocks and radix allocates whole pages, so larger units lose the partial "
                "block at every divergence point; they also change how many blocks fit in the same memory.")
 
@@ -99,15 +105,34 @@ def trace_line(shape: dict[str, Any]) -> str:
 # -- captions (one sentence each) ----------------------------------------------------------
 
 def capacity_caption(target_caps: dict[str, float | None], share: float, errors: dict[str, float],
-                     from_sweep: bool = False) -> str:
+                     from_sweep: bool = False, near: dict[str, float | None] | None = None,
+                     near_share: float = 0.9, radix_step: float | None = None) -> str:
     reach = [f"{POLICY_SHORT[p]} at {human(c)} tokens" for p, c in target_caps.items() if c is not None]
     head = (f"Read off the capacity a hit rate needs: {share:.0%} of the unlimited-cache rate takes "
             + " and ".join(reach) if reach else "Nothing is reused, so no capacity helps")
+    close = ""
+    if near:
+        parts = [f"{POLICY_SHORT[p]} from {human(c)} tokens on" if c is not None else f"{POLICY_SHORT[p]} nowhere "
+                 "in this range" for p, c in near.items()]
+        close = f"; each engine stays within {near_share:.0%} of its optimum (triangles): " + ", ".join(parts)
     if from_sweep:
-        return head + "; lines are one-pass curves and markers the sweep's exact replays."
+        return head + close + "; lines are one-pass curves (radix: an estimate), markers the sweep's exact replays."
     err = "; ".join(f"{POLICY_SHORT[p]} within {100 * e:.1f} points" for p, e in errors.items())
-    return (head + "; lines are one-pass curves (APC exact, radix approximate) and circles exact replays"
-            + (f" (curve vs replay: {err})" if err else "") + ".")
+    step = "" if radix_step is None else f", neighbours at most {100 * radix_step:.1f} points apart"
+    return (head + close + "; APC: its one-pass curve (exact) and exact replays (circles"
+            + (f", curve vs replay {err}" if err else "") + f"); radix: exact replays joined by a line{step} (no "
+            "one-pass model tracks its tree within a point); dotted: the optimum.")
+
+
+def block_policies_caption(block: int, tail: str, warmup: str | None, exact: bool) -> str:
+    """The kvcache-lab view: which model each line is."""
+    last = ("the partial last block counts at its real length" if tail == "weighted"
+            else "a partial tail is not a block and is not counted")
+    return (f"A store of {block}-token blocks of the prompts (replies are not stored), as the Mooncake team's kvcache-lab draws it: no recompute "
+            f"cap, no room for the running request, {last}; FIFO evicts in insertion order, LRU the least recently "
+            "used leaf, and the optimum is the best any eviction (with bypass) could do"
+            + ("" if exact else " (reached by a real schedule; its proven bound is within a fraction of a point)")
+            + (f"; {warmup}" if warmup else "") + ".")
 
 
 def block_caption(rates: dict[str, dict[int, float]], cap: str) -> str:
@@ -258,7 +283,9 @@ def definitions() -> list[str]:
         "max_total_num_tokens).",
         "Exact replays run the faithful models of vLLM APC 0.33.0 and SGLang RadixAttention 0.5.23 request by "
         "request; one-pass curves give every capacity at once (APC: exact wherever no request is rejected; "
-        "radix: an approximation, its error is shown).",
+        "radix: an approximation, so the report draws its exact replays instead).",
+        "Optimum: the largest hit rate any eviction schedule of a cache of that size reaches on this log, knowing "
+        "the future, under the engine's rules; computed exactly, never below an engine's replay.",
         "Estimated GPU time saved uses a gpu-validate calibration: fitted prefill seconds with and without the "
         "cached tokens.",
         "Privacy: no prompt text appears in this report unless it was made with --show-text.",
@@ -278,6 +305,8 @@ def settings_table(trace: Any, an: dict[str, Any], sim: Any, source: str, opts: 
         ["model (GiB figures)", opts.model or "none (add --model for GiB)"],
         ["calibration", "given" if opts.calibration is not None else "none (GPU time not estimated)"],
         ["prompt text", "shown (--show-text)" if opts.show_text else "left out"],
+        ["warm-up", opts.warmup.describe(len(trace)) if getattr(opts.warmup, "active", False)
+         else "none: every request is counted"],
         ["kvsim", __version__ + (f" — {opts.command}" if opts.command else "")],
     ]
     if trace.meta.skipped_lines:
@@ -295,10 +324,12 @@ def key_numbers(n: dict[str, Any], summaries: dict[str, dict[str, Any]], an: dic
     out = [KeyNumber("Upper bound (unlimited cache)", pct(n["upper_bound_token"]),
                      "of prompt tokens reusable at token level; APC 16-token blocks "
                      + pct(n["upper_bound_apc_block16"]))]
+    best = n.get("optimal_hit_rate") or {}
     for p, name in (("apc", "vLLM APC hit rate"), ("radix", "SGLang radix hit rate")):
         s = summaries[p]
         out.append(KeyNumber(name, pct(s["token_hit_rate"]),
                              f"at {capacity_text(caps[p], kv)} ({policy_label(p, sim).split('(', 1)[1].rstrip(')')})"
+                             + (f"; the optimum there is {pct(best[p])}" if best.get(p) is not None else "")
                              + (f"; {s['rejected']:,} request(s) never fit" if s["rejected"] else "")))
     total = max(n["prompt_tokens"].values())
     out.append(KeyNumber("Prefill tokens saved",

@@ -34,13 +34,18 @@ def render_sweep(console: Console, result: SweepResult) -> None:
     """One table row per combination, then one line per one-pass curve."""
     frame = result.frame
     has_curve = "curve_hit_rate" in frame.columns
+    has_opt = "optimal_hit_rate" in frame.columns
     title = "Sweep: token hit rate of exact replays (b = APC block, p = radix page); rej = rejected requests"
     if has_curve:
         title += "; 1-pass = one-pass curve, error = |1-pass - hit|"
+    if has_opt:
+        title += "; optimal = the most any cache of that size could hit (docs/optimal.md)"
     table = Table(title=title, title_justify="left")
     table.add_column("policy", no_wrap=True)
     for name in ("cap", "usable", "hit"):
         table.add_column(name, justify="right", no_wrap=True)
+    if has_opt:
+        table.add_column("optimal", justify="right", no_wrap=True)
     if has_curve:
         table.add_column("1-pass", justify="right", no_wrap=True)
         table.add_column("error", justify="right", no_wrap=True)
@@ -49,6 +54,8 @@ def render_sweep(console: Console, result: SweepResult) -> None:
     for row in frame.to_dict(orient="records"):
         cells = [_setting(row), str(row["capacity"]), _tokens(row["capacity_tokens"]),
                  _rate(row["token_hit_rate"])]
+        if has_opt:
+            cells.append(_rate(row.get("optimal_hit_rate")))
         if has_curve:
             est, err = row.get("curve_hit_rate"), row.get("curve_abs_error")
             cells += [_rate(est), "-" if err is None or math.isnan(err) else f"{err:.4f}"]
@@ -63,6 +70,12 @@ def render_sweep(console: Console, result: SweepResult) -> None:
     skipped = [p for p in result.points if p.policy == "radix" and p.eviction_policy not in LRU_LIKE]
     if skipped and has_curve:
         console.print(f"[dim]No one-pass curve for radix eviction policies other than {', '.join(LRU_LIKE)}.[/]")
+    for o in result.optimal:
+        what = ", ".join(f"{k} {v}" for k, v in o.settings.items() if k in ("block_size", "page_size"))
+        console.print(f"[bold]optimal curve[/] {o.engine} ({what}): {o.seconds:.2f} s; [dim]{o.exactness}[/]")
+    if result.warmup is not None:
+        console.print(f"[dim]Warm-up: the first {result.warmup['warmup_requests']:,} requests only warm the cache "
+                      "and are left out of every figure.[/]")
     console.print(f"[dim]{len(frame)} combination(s) in {result.elapsed_s:.1f} s.[/]")
 
 

@@ -59,11 +59,16 @@ class SweepResult:
     curves: list[CurveSeries]
     points: list[SweepPoint]
     elapsed_s: float
+    optimal: list = field(default_factory=list)     # kvsim.sweep.optimal_rows.OptimalSeries
+    warmup: dict[str, Any] | None = None             # kvsim.warmup.Warmup.as_dict, when one is used
 
     def as_dict(self) -> dict[str, Any]:
         rows = self.frame.replace({np.inf: None}).astype(object).where(self.frame.notna(), None)
-        return {"rows": rows.to_dict(orient="records"), "curves": [c.as_dict() for c in self.curves],
-                "seconds": round(self.elapsed_s, 3)}
+        out = {"rows": rows.to_dict(orient="records"), "curves": [c.as_dict() for c in self.curves],
+               "optimal_curves": [c.as_dict() for c in self.optimal], "seconds": round(self.elapsed_s, 3)}
+        if self.warmup is not None:
+            out["warmup"] = self.warmup
+        return out
 
 
 def sweep(trace: Trace, policies: str | Sequence[str] = "apc,radix", capacities: str | Sequence[Any] = "inf",
@@ -71,15 +76,20 @@ def sweep(trace: Trace, policies: str | Sequence[str] = "apc,radix", capacities:
           eviction_policies: str | Sequence[str] = ("lru",), model: str | None = None,
           jobs: int | None = None, executor: str | Executor = "local", curves: bool = True,
           curve_points: int = 64, progress: bool | Callable[[int, int], Any] = False,
-          **options: Any) -> SweepResult:
+          warmup: Any = None, optimal: bool = True, **options: Any) -> SweepResult:
     """Replay every combination exactly and attach one-pass curves; see :func:`run_sweep`."""
+    from kvsim.warmup import parse_warmup
+
     t0 = time.perf_counter()
     trace.require_tokens("a sweep")
     names = parse_policies(policies)
     caps = parse_capacities(capacities, model)
+    window = parse_warmup(warmup)
     base = dict(options)
     if model is not None:
         base["model"] = model
+    if window.active:  # the replays count only the requests after the window (runner.replay_point)
+        base["extra"] = {**dict(base.get("extra") or {}), "warmup": window}
     points = expand_grid(
         names, caps,
         block_sizes=parse_ints(block_sizes, "--block-size") if "apc" in names else (16,),
@@ -88,8 +98,14 @@ def sweep(trace: Trace, policies: str | Sequence[str] = "apc,radix", capacities:
         base=base)
     rows = run_points(trace, points, executor=executor, jobs=jobs, progress=progress)
     frame = _frame(points, rows)
-    series = _curves(trace, points, frame, curve_points) if curves else []
-    return SweepResult(frame, series, points, time.perf_counter() - t0)
+    series = _curves(trace, points, frame, curve_points, window) if curves else []
+    best = []
+    if optimal:
+        from kvsim.sweep.optimal_rows import attach_optimal
+
+        best = attach_optimal(trace, points, frame, window, curve_points)
+    return SweepResult(frame, series, points, time.perf_counter() - t0, best,
+                       window.as_dict(len(trace)) if window.active else None)
 
 
 def run_sweep(trace: Trace, policies: str | Sequence[str] = "apc,radix", capacities: str | Sequence[Any] = "inf",
@@ -105,7 +121,9 @@ def run_sweep(trace: Trace, policies: str | Sequence[str] = "apc,radix", capacit
     workers (default: all CPUs; 1 = in this process) or on Ray (``executor="ray"``). With
     ``curves``, LRU-like rows get ``curve_hit_rate`` (the one-pass estimate) and
     ``curve_abs_error`` (its distance to the exact replay). ``options`` are further
-    :class:`~kvsim.replay.options.SimOptions` fields shared by every replay.
+    :class:`~kvsim.replay.options.SimOptions` fields shared by every replay; ``warmup``
+    (a fraction or a request count, :mod:`kvsim.warmup`) leaves the first requests out of
+    every figure, and every row gets ``optimal_hit_rate`` (:mod:`kvsim.sweep.optimal`).
     """
     return sweep(trace, policies, capacities, block_sizes, page_sizes, eviction_policies, model, jobs,
                  executor, curves, **options).frame
@@ -142,16 +160,20 @@ def _curve_groups(points: list[SweepPoint]) -> dict[tuple, list[int]]:
     return groups
 
 
-def _curves(trace: Trace, points: list[SweepPoint], frame: pd.DataFrame, curve_points: int) -> list[CurveSeries]:
+def _curves(trace: Trace, points: list[SweepPoint], frame: pd.DataFrame, curve_points: int,
+            window: Any = None) -> list[CurveSeries]:
+    from kvsim.warmup import as_fraction
+
     frame["curve_hit_rate"] = np.nan
     frame["curve_abs_error"] = np.nan
     engine_version = points[0].base.get("engine_version") if points else None
+    warm = as_fraction(len(trace), window)
     out: list[CurveSeries] = []
     for (policy, size), idx in _curve_groups(points).items():
         if policy == "apc":
-            model = curve_model(trace, "apc", block_size=size, engine_version=engine_version)
+            model = curve_model(trace, "apc", block_size=size, engine_version=engine_version, warmup=warm)
         else:
-            model = curve_model(trace, "radix", page_size=size, eviction_policy="lru")
+            model = curve_model(trace, "radix", page_size=size, eviction_policy="lru", warmup=warm)
         caps = frame.loc[idx, "capacity_tokens"].to_numpy(np.float64)
         est = model.hit_rate(caps)
         exact = frame.loc[idx, "token_hit_rate"].to_numpy(np.float64)

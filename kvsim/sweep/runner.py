@@ -35,7 +35,12 @@ def replay_point(trace: Trace, point: SweepPoint) -> dict[str, Any]:
     from kvsim.cache.registry import get_replayer
     from kvsim.replay.metrics import summarize
 
-    result = get_replayer(point.policy)(trace, point.options())
+    options = point.options()
+    result = get_replayer(point.policy)(trace, options)
+    if options.extra.get("warmup") is not None:  # kvsim.warmup: figures leave the window out
+        from kvsim.warmup import measured_mask
+
+        result.measured = measured_mask(len(trace), options.extra["warmup"])
     summary = summarize(result, trace)
     summary.pop("policy", None)
     return {**summary, "config": dict(result.config)}

@@ -1,0 +1,183 @@
+"""The clock shared by both engine models (docs/engines/vllm-scheduler.md §1).
+
+Steps are numbered by scheduler steps. A request released at step t (or time t) is handed
+to the engine before the step that starts then; requests released together are added in
+log order; while the engine holds no work the clock jumps to the next release, after the
+engine's idle pass.
+
+Two clocks: the **step clock** (``--replay steps``: releases are step numbers, a step
+lasts one tick) and the **timed clock** (``--replay timed``: releases are seconds and a
+step lasts what the step-cost model says for its batch).
+
+Releases are the logged arrivals, or, **closed-loop** (``--arrivals closed-loop``), a
+session's next turn is released once the previous turn's reply has finished, plus its
+think time (the logged gap between the two turns).
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from kvsim.errors import ConfigError
+
+
+class SteppedEngine(Protocol):
+    result: object     # a StepResult: rejected, first_token_step, finish_step, finished
+    on_batch: object   # on_batch(step, requests, new tokens, context tokens, decode?) or None
+
+    def add(self, index: int) -> None:
+        """Hand request ``index`` to the engine (it may reject it)."""
+
+    def has_work(self) -> bool:
+        """Whether the engine loop would run now rather than wait for input."""
+
+    def step(self, step: int) -> bool:
+        """One turn of the engine loop; True if it took a scheduler step (numbered ``step``)."""
+
+    def idle(self) -> None:
+        """The engine loop's idle pass (it runs before the clock jumps ahead)."""
+
+
+@dataclass
+class Releases:
+    """When each request reaches the engine.
+
+    ``at[i]`` is the logged arrival (a step number or seconds). With ``after[i] >= 0`` the
+    request instead waits for request ``after[i]`` to finish, then ``gap[i]`` more.
+    """
+
+    at: np.ndarray
+    after: np.ndarray | None = None
+    gap: np.ndarray | None = None
+
+    @classmethod
+    def logged(cls, at) -> Releases:
+        return cls(np.asarray(at))
+
+    @staticmethod
+    def steps_from_seconds(seconds, step_seconds: float) -> np.ndarray:
+        """``--arrival-from timestamp --step-seconds S``: step ``floor((t - t_first) / S)``."""
+        seconds = np.asarray(seconds, np.float64)
+        if step_seconds <= 0:
+            raise ConfigError(f"--step-seconds must be positive, got {step_seconds}")
+        if len(seconds) and not np.isfinite(seconds).all():
+            raise ConfigError("--arrival-from timestamp needs a timestamp on every request")
+        start = seconds.min() if len(seconds) else 0.0
+        return np.floor((seconds - start) / step_seconds).astype(np.int64)
+
+    @classmethod
+    def closed_loop(cls, at, session) -> Releases:
+        """Turn k+1 of a session waits for turn k; its think time is the logged gap (≥ 0)."""
+        at = np.asarray(at)
+        session = np.asarray(session)
+        after = np.full(len(at), -1, np.int64)
+        gap = np.zeros(len(at), at.dtype if at.dtype.kind == "f" else np.int64)
+        last: dict[int, int] = {}
+        for i, s in enumerate(session.tolist()):
+            if s >= 0 and s in last:
+                after[i] = last[s]
+                gap[i] = max(at[i] - at[last[s]], 0)
+            if s >= 0:
+                last[s] = i
+        return cls(at, after, gap)
+
+
+@dataclass
+class Timeline:
+    """What the timed clock saw: when each step ran and how each request's work was spent."""
+
+    step_start: list = field(default_factory=list)     # seconds, per step
+    step_end: list = field(default_factory=list)
+    released: np.ndarray | None = None                 # when each request reached the engine
+    first_scheduled: np.ndarray | None = None          # start of the first step that computed for it
+    prefill_tokens: np.ndarray | None = None           # tokens computed outside decode (recompute too)
+    decode_tokens: np.ndarray | None = None
+
+
+def run(engine: SteppedEngine, releases: Releases, cost=None) -> tuple[int, Timeline]:
+    """Drive ``engine`` until every request is released and finished.
+
+    With a step-cost model ``cost`` the clock is in seconds (timed replay) and steps are
+    numbered 0, 1, 2, ...; without, the clock is the step number itself, jumps included.
+    Returns the clock at the end (steps) or the number of steps (timed), and the timeline.
+    """
+    n = len(releases.at)
+    result = engine.result
+    at = releases.at.tolist()
+    after = releases.after.tolist() if releases.after is not None else [-1] * n
+    gap = releases.gap.tolist() if releases.gap is not None else [0] * n
+    followers: dict[int, list[int]] = {}
+    pending: list = []
+    for i in range(n):
+        if after[i] >= 0:
+            followers.setdefault(after[i], []).append(i)
+        else:
+            pending.append((at[i], i))
+    heapq.heapify(pending)
+    timed = cost is not None
+    line = Timeline()
+    released = np.full(n, np.nan) if timed else np.full(n, -1, np.int64)
+    if timed:
+        line.first_scheduled = np.full(n, np.nan)
+        line.prefill_tokens = np.zeros(n, np.int64)
+        line.decode_tokens = np.zeros(n, np.int64)
+        batch = []
+
+        def on_batch(step, reqs, new, context, decode):
+            batch.append(cost.seconds(new, context))
+            for i, k, d in zip(reqs, new, decode):
+                if np.isnan(line.first_scheduled[i]):
+                    line.first_scheduled[i] = now
+                if d:
+                    line.decode_tokens[i] += k
+                else:
+                    line.prefill_tokens[i] += k
+        engine.on_batch = on_batch
+
+    def release_followers(i: int, when) -> None:
+        for j in followers.pop(i, ()):
+            heapq.heappush(pending, (when + gap[j], j))
+
+    now = 0.0 if timed else 0
+    step = seen = 0
+    while True:
+        if not engine.has_work():
+            engine.idle()
+            if not pending:
+                break
+            now = max(now, pending[0][0])
+        while pending and pending[0][0] <= now:
+            when, i = heapq.heappop(pending)
+            released[i] = when
+            engine.add(i)
+            if result.rejected[i]:          # never runs: its next turn follows at once
+                release_followers(i, when)
+        if not timed and hasattr(engine, "fast_forward"):
+            taken = engine.fast_forward(now, pending[0][0] - now if pending else 1 << 62)
+            if taken:
+                now += taken
+                step += taken
+                continue
+        if engine.step(step if timed else now):
+            if timed:
+                line.step_start.append(now)
+                now += batch.pop() if batch else 0.0
+                line.step_end.append(now)
+            else:
+                now += 1
+            step += 1
+        while seen < len(result.finished):  # closed loop: replies that just finished
+            i = result.finished[seen]
+            seen += 1
+            if i in followers:
+                release_followers(i, line.step_end[result.finish_step[i]] if timed else now)
+    line.released = released
+    return (step if timed else now), line
+
+
+def run_steps(engine: SteppedEngine, arrival_steps) -> int:
+    """The step clock with logged arrivals; returns the final clock."""
+    return run(engine, Releases.logged(np.asarray(arrival_steps, np.int64)))[0]
