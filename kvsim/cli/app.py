@@ -16,6 +16,8 @@ app = typer.Typer(
 )
 console = Console()
 err_console = Console(stderr=True)
+#: settings of the current invocation given before the command (``kvsim --no-trace-cache ...``)
+session = {"trace_cache": True}
 
 
 def _version(value: bool) -> None:
@@ -28,5 +30,11 @@ def _version(value: bool) -> None:
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
+    no_trace_cache: bool = typer.Option(False, "--no-trace-cache",
+                                        help="Read logs afresh: neither use nor store the trace cache "
+                                             "(see kvsim cache info)."),
 ) -> None:
     """Prefix-cache workload analyzer and KV-cache simulator for LLM serving."""
+    from kvsim.io.trace_cache import enabled_by_default
+
+    session["trace_cache"] = enabled_by_default() and not no_trace_cache

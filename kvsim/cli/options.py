@@ -8,13 +8,14 @@ import typer
 
 LogPaths = Annotated[
     list[Path],
-    typer.Argument(help="Prompt log(s): JSONL (plain or .gz), Mooncake hash-id JSONL, ShareGPT, Azure CSV.",
+    typer.Argument(help="Prompt log(s): JSONL (plain or .gz), Mooncake hash-id JSONL, ShareGPT, Azure CSV, "
+                   "Parquet trace.",
                    show_default=False),
 ]
 FormatOpt = Annotated[
     str,
     typer.Option("--format", "-f", help="Input format: auto, chat, completion, tokens, mooncake, sharegpt, "
-                 "kvcache-tester, azure-csv.", rich_help_panel="Input"),
+                 "kvcache-tester, azure-csv, parquet.", rich_help_panel="Input"),
 ]
 TokenizerOpt = Annotated[
     str,
@@ -65,12 +66,13 @@ def load_from_cli(
     Says on stderr which tokenizer was used when it was a fallback, and how many bad
     lines ``--on-error skip`` skipped.
     """
-    from kvsim.cli.app import err_console
+    from kvsim.cli.app import err_console, session
     from kvsim.io.load import load_trace
 
     trace = load_trace(
         paths, format=fmt, tokenizer=tokenizer, chat_template=chat_template,
         trace_block_size=trace_block_size, on_error=on_error, limit=limit, progress=True,
+        cache=session["trace_cache"],
     )
     for note in trace.meta.notes:
         if note.startswith("tokenizer:"):

@@ -37,6 +37,12 @@ class Categories:
             self.names.append(value)
         return c
 
+    def codes(self, values: list[str | None]) -> list[int]:
+        """The codes of several values (new ones numbered in order)."""
+        get = self.index.get
+        out = [get(v) for v in values]
+        return out if None not in out else [self.code(v) for v in values]
+
 
 class Synthesizer(Protocol):
     """Prompt tokens produced at build time (hash-id traces)."""
@@ -149,6 +155,8 @@ class TraceBuilder:
         base = real_max + 1 if real else 0
         top = base + sum(p.synth.token_range() for p in parts if p.synth is not None)
         dtype = np.int32 if max(top, real_max + 1) <= 2**31 else np.int64
+        if len(parts) == 1 and parts[0].tokens is not None:  # one part (a Parquet file): no copy
+            return np.ascontiguousarray(parts[0].tokens, dtype)
         out = np.empty(int(offsets[-1]), dtype)
         i = 0
         for p in parts:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from kvsim.errors import InputError
+from kvsim.io.parquet import is_parquet
 from kvsim.io.readers import READERS
 from kvsim.io.source import Source
 
@@ -14,6 +15,8 @@ _KEYS_HINT = ("messages (chat), prompt (completion), prompt_token_ids (tokens), 
 def detect_format(src: Source, on_error: str = "fail") -> str:
     """The format name of ``src``. Bad lines before the first valid record fail (or are
     passed over with ``on_error="skip"``; the reader counts them when it reads the file)."""
+    if is_parquet(src.path):
+        return "parquet"
     first = _first_line(src)
     if first is None:
         raise InputError(src.path, "file holds no data (only blank lines)")

@@ -16,6 +16,8 @@ from typing import Sequence
 import numpy as np
 
 from kvsim.io.builder import OUT_DEFAULT, OUT_KNOWN_IDS, OUT_LOGGED, OUT_MAX_TOKENS, Part
+from kvsim.io.pieces import PieceEncoder
+from kvsim.io.templates import RenderedPieces
 from kvsim.io.tokenizers import Tokenizer
 from kvsim.io.trace import NONE, narrow_tokens
 
@@ -25,6 +27,7 @@ class PendingRequest:
     """One request as parsed from a record, before tokenization."""
 
     prompt_text: str | None = None            # text to tokenize, or
+    prompt_pieces: RenderedPieces | None = None  # ... a chat prompt rendered in pieces, or
     prompt_ids: np.ndarray | None = None      # ... token ids given by the log
     msg_chars: list[int] | None = None        # character offset where each message starts
     msg_roles: list[int] | None = None        # role codes
@@ -45,24 +48,38 @@ class PendingRequest:
     @property
     def weight(self) -> int:
         """Rough size, to bound a batch's memory."""
-        n = len(self.prompt_text) if self.prompt_text is not None else 4 * len(self.prompt_ids)
+        if self.prompt_text is not None:
+            n = len(self.prompt_text)
+        elif self.prompt_pieces is not None:
+            n = sum(map(len, self.prompt_pieces.pieces))
+        else:
+            n = 4 * len(self.prompt_ids)
         return n + (len(self.reply) if self.reply else 0)
 
 
 def encode_requests(batch: Sequence[PendingRequest], source: int, tok: Tokenizer | None,
-                    eot_id: int | None) -> Part:
+                    eot_id: int | None, pieces: PieceEncoder | None = None) -> Part:
     """Tokenize a batch of requests (in bulk) and return it as columns."""
     n = len(batch)
     prompts: list = [r.prompt_ids for r in batch]
     msg_token_starts: list[list[int] | None] = [None] * n
     chat = [i for i, r in enumerate(batch) if r.prompt_text is not None and r.msg_chars is not None]
     text = [i for i, r in enumerate(batch) if r.prompt_text is not None and r.msg_chars is None]
-    if chat or text or any(r.reply is not None for r in batch):
+    piecewise = [i for i, r in enumerate(batch) if r.prompt_pieces is not None]
+    if chat or text or piecewise or any(r.reply is not None for r in batch):
         assert tok is not None, "text requests need a tokenizer"
     if chat:
         ids, starts = tok.encode_with_starts([batch[i].prompt_text for i in chat],
                                              [batch[i].msg_chars for i in chat])
         for i, a, s in zip(chat, ids, starts):
+            prompts[i], msg_token_starts[i] = a, s
+    replies = [i for i, r in enumerate(batch) if r.output_ids is None and r.reply is not None]
+    encoded_replies = None
+    if piecewise:
+        assert pieces is not None, "prompts rendered in pieces need a PieceEncoder"
+        ids, starts, encoded_replies = pieces.encode([batch[i].prompt_pieces for i in piecewise],
+                                                     [batch[i].reply for i in replies])
+        for i, a, s in zip(piecewise, ids, starts):
             prompts[i], msg_token_starts[i] = a, s
     if text:
         for i, a in zip(text, tok.encode_batch([batch[i].prompt_text for i in text])):
@@ -71,11 +88,11 @@ def encode_requests(batch: Sequence[PendingRequest], source: int, tok: Tokenizer
     tokens = narrow_tokens(_concat(prompts, int(lengths.sum())))
 
     outputs: list = [r.output_ids for r in batch]
-    replies = [i for i, r in enumerate(batch) if r.output_ids is None and r.reply is not None]
     if replies:
-        encoded = tok.encode_batch([batch[i].reply for i in replies])
+        encoded = (encoded_replies if encoded_replies is not None
+                   else tok.encode_arrays([batch[i].reply for i in replies]))
         for i, a in zip(replies, encoded):
-            outputs[i] = a + [eot_id] if batch[i].reply_eot and eot_id is not None else a
+            outputs[i] = np.append(a, eot_id) if batch[i].reply_eot and eot_id is not None else a
     known = np.fromiter((o is not None for o in outputs), bool, count=n)
     out_lengths = np.fromiter((0 if o is None else len(o) for o in outputs), np.int64, count=n)
     out_tokens = _concat([o for o in outputs if o is not None], int(out_lengths.sum()))
@@ -111,19 +128,20 @@ def encode_requests(batch: Sequence[PendingRequest], source: int, tok: Tokenizer
         logprob_start_len=np.fromiter((r.logprob_start_len for r in batch), np.int64, count=n),
         request_ids=[r.request_id for r in batch] if any(r.request_id is not None for r in batch) else None,
     )
-    if chat:
+    if chat or piecewise:
         counts = np.fromiter((0 if s is None else len(s) for s in msg_token_starts), np.int64, count=n)
         part.msg_counts = counts
         part.msg_starts = np.fromiter(chain.from_iterable(s for s in msg_token_starts if s is not None),
                                       np.int64, count=int(counts.sum()))
-        part.msg_roles = np.fromiter(chain.from_iterable(batch[i].msg_roles for i in chat),
-                                     np.int32, count=int(counts.sum()))
+        part.msg_roles = np.fromiter(chain.from_iterable(r.msg_roles for r, s in zip(batch, msg_token_starts)
+                                                         if s is not None), np.int32, count=int(counts.sum()))
     return part
 
 
 def _concat(seqs: list, total: int) -> np.ndarray:
-    """Concatenate lists of ints and int arrays into one int64 array."""
+    """Concatenate lists of ints and integer arrays into one array (int64, or the arrays'
+    common integer type)."""
     if all(isinstance(s, list) for s in seqs):
         return np.fromiter(chain.from_iterable(seqs), np.int64, count=total)
-    arrays = [np.asarray(s, np.int64) for s in seqs]
+    arrays = [s if isinstance(s, np.ndarray) else np.asarray(s, np.int64) for s in seqs]
     return np.concatenate(arrays) if arrays else np.zeros(0, np.int64)

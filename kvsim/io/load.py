@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from kvsim.errors import ConfigError
 from kvsim.io.detect import detect_format
+from kvsim.io.parquet import is_parquet
 from kvsim.io.readers import READERS, LoadContext
 from kvsim.io.source import Source, check_input
 from kvsim.io.trace import Trace, TraceMeta
@@ -31,6 +32,7 @@ def load_trace(
     limit: int | None = None,
     progress: bool = False,
     reader_options: Mapping[str, Any] | None = None,
+    cache: bool = False,
 ) -> Trace:
     """Read one or more prompt logs (concatenated in order) into a columnar trace.
 
@@ -48,11 +50,34 @@ def load_trace(
         limit: read at most this many requests.
         progress: show a progress bar (on stderr) for large inputs.
         reader_options: per-format options, e.g. ``{"subagents": True}`` (kvcache-tester).
+        cache: use the persistent trace cache (:mod:`kvsim.io.trace_cache`): map the trace
+            stored by an earlier read of the same files with the same options, or store it.
     """
     sources = _paths(paths)
     _check_options(format, trace_block_size, on_error, limit)
     for p in sources:
         check_input(p)
+    if not cache or all(is_parquet(p) for p in sources):  # Parquet is read about as fast as mapped
+        return _read(sources, format, tokenizer, chat_template, trace_block_size, on_error, limit, progress,
+                      reader_options)
+    from kvsim.io import trace_cache
+
+    key = trace_cache.options_key(format=format, tokenizer=tokenizer, chat_template=chat_template,
+                                  trace_block_size=trace_block_size, on_error=on_error, limit=limit,
+                                  reader_options=dict(reader_options or {}))
+    stored = trace_cache.lookup(sources, key)
+    if stored is not None:
+        return stored
+    pending = trace_cache.PendingStore(sources, key)
+    trace = _read(sources, format, tokenizer, chat_template, trace_block_size, on_error, limit, progress,
+                  reader_options)
+    pending.store(trace)
+    return trace
+
+
+def _read(sources: list[Path], format: str, tokenizer: str, chat_template: str, trace_block_size: int,
+          on_error: str, limit: int | None, progress: bool, reader_options: Mapping[str, Any] | None) -> Trace:
+    """Read the files with the readers (no cache)."""
     ctx = LoadContext(tokenizer_name=tokenizer, template_name=chat_template, block_size=trace_block_size,
                       on_error=on_error, limit=limit, options=dict(reader_options or {}))
     meta = TraceMeta(sources=[str(p) for p in sources])
@@ -99,6 +124,11 @@ def _check_options(fmt: str, block: int, on_error: str, limit: int | None) -> No
 
 def _describe(ctx: LoadContext, meta: TraceMeta) -> None:
     """Fill the meta fields that say how the tokens were produced."""
+    if ctx.recorded:  # a converted trace says how its tokens were made
+        meta.tokenizer = ctx.recorded.get("tokenizer")
+        meta.chat_template = ctx.recorded.get("chat_template")
+        meta.hash_block_size = ctx.recorded.get("hash_block_size")
+        meta.notes.extend(ctx.recorded.get("notes") or [])
     if ctx.used_tokenizer:
         meta.tokenizer = ctx.tokenizer.name
         meta.notes.extend(ctx.tokenizer.notes)

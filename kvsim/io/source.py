@@ -14,9 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
+import numpy as np
+
 from kvsim.errors import InputError
 
 GZIP_MAGIC = b"\x1f\x8b"
+UTF8_BOM = b"\xef\xbb\xbf"
+BLOCK_BYTES = 8 << 20  # bytes handed to a compiled scanner at a time
 _ARRAY_CHUNK = 1 << 20  # characters read at a time from a JSON array file
 _WHOLE_DOCUMENT_MAX = 256 << 20  # largest file tried as one pretty-printed JSON document
 
@@ -77,19 +81,36 @@ class Source:
                 lineno += 1
                 if self.progress is not None and lineno % 256 == 0:
                     self.progress(raw.tell())
-                if lineno == 1 and data.startswith(b"\xef\xbb\xbf"):
-                    data = data[3:]  # UTF-8 byte-order mark
-                try:
-                    text = data.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    yield lineno, InputError(
-                        self.path, f"not valid UTF-8 (byte 0x{data[e.start]:02x} at column {e.start + 1})",
-                        lineno)
-                    continue
-                if text.strip():
+                text = self.decode_line(data, lineno)
+                if text is not None:
                     yield lineno, text
             if self.progress is not None:
                 self.progress(self.size)
+
+    def decode_line(self, data: bytes, lineno: int) -> str | InputError | None:
+        """One raw line as text (None if blank), or the error saying why it is not UTF-8."""
+        if lineno == 1 and data.startswith(UTF8_BOM):
+            data = data[3:]
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return InputError(self.path, f"not valid UTF-8 (byte 0x{data[e.start]:02x} at column {e.start + 1})",
+                              lineno)
+        return None if not text or text.isspace() else text  # (isspace stops at the first letter)
+
+    def line_blocks(self, size: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
+        """The file as blocks of whole lines: (number of the block's first line, bytes).
+
+        Every block but the last ends with a newline. Compressed input is read line by line,
+        exactly as :meth:`lines` reads it, so a broken stream fails at the same line.
+        """
+        stream, raw = self.open_binary()
+        with raw, stream:
+            blocks = _plain_blocks(raw, size) if stream is raw else _stream_blocks(self.path, stream, size)
+            for first, block in blocks:
+                yield first, block
+                if self.progress is not None:
+                    self.progress(raw.tell())
 
     def first_char(self) -> str:
         """The first non-blank character of the file ('' if it holds only whitespace)."""
@@ -123,8 +144,13 @@ class Source:
                     yield 1, whole
                     return
             first = False
-            yield lineno, (InputError(self.path, value.message, lineno)
-                           if isinstance(value, _JsonProblem) else value)
+            yield lineno, self.record_of(text, lineno, value)
+
+    def record_of(self, text: str, lineno: int, value: Any = None) -> Any | InputError:
+        """The JSON value of one line of text, or the error saying why it is not JSON."""
+        if value is None:
+            value = parse_json(text)
+        return InputError(self.path, value.message, lineno) if isinstance(value, _JsonProblem) else value
 
     def _whole_document(self) -> Any | None:
         stream, raw = self.open_binary()
@@ -206,6 +232,67 @@ class Source:
                 if sep != ",":
                     raise InputError(self.path, "invalid JSON array: expected ',' or ']'", line_at(pos))
                 pos += 1
+
+
+def _plain_blocks(raw: IO[bytes], size: int) -> Iterator[tuple[int, np.ndarray]]:
+    """Blocks of whole lines of an uncompressed file, read into one reused buffer."""
+    buf = np.empty(size, np.uint8)
+    filled, line = 0, 1
+    while True:
+        n = raw.readinto(memoryview(buf)[filled:])
+        if not n:
+            if filled:
+                yield line, buf[:filled]
+            return
+        filled += n
+        last = _last_newline(buf, filled)
+        if last < 0:
+            if filled == len(buf):  # one line longer than the buffer: grow it
+                buf = np.concatenate([buf, np.empty(len(buf), np.uint8)])
+            continue
+        block = buf[:last + 1]
+        yield line, block
+        line += int(np.count_nonzero(block == 10))
+        tail = filled - last - 1
+        buf[:tail] = buf[last + 1:filled].copy()
+        filled = tail
+
+
+def _last_newline(buf: np.ndarray, end: int) -> int:
+    """Index of the last newline in buf[:end], or -1 (searched backwards in slices)."""
+    step = 1 << 16
+    hi = end
+    while hi > 0:
+        lo = max(0, hi - step)
+        pos = bytes(memoryview(buf)[lo:hi]).rfind(b"\n")
+        if pos >= 0:
+            return lo + pos
+        hi = lo
+    return -1
+
+
+def _stream_blocks(path: Path, stream: IO[bytes], size: int) -> Iterator[tuple[int, np.ndarray]]:
+    """Blocks of whole lines of a compressed stream, read line by line as ``Source.lines`` does."""
+    pending: list[bytes] = []
+    held, first, lineno = 0, 1, 0
+    it = iter(stream)
+    while True:
+        try:
+            data = next(it)
+        except StopIteration:
+            break
+        except (OSError, EOFError, zlib.error) as e:
+            if pending:
+                yield first, np.frombuffer(b"".join(pending), np.uint8)
+            raise InputError(path, f"cannot read compressed data ({_gzip_problem(e)})", lineno + 1) from None
+        lineno += 1
+        pending.append(data)
+        held += len(data)
+        if held >= size:
+            yield first, np.frombuffer(b"".join(pending), np.uint8)
+            pending, held, first = [], 0, lineno + 1
+    if pending:
+        yield first, np.frombuffer(b"".join(pending), np.uint8)
 
 
 @dataclass

@@ -53,75 +53,96 @@ class RenderedChat(NamedTuple):
     roles: list[str]
 
 
+class RenderedPieces(NamedTuple):
+    """A rendered prompt cut where the template's output for each message begins.
+
+    ``"".join(pieces)`` is the prompt; message *k* starts at character ``starts[k][1]`` of
+    piece ``starts[k][0]``. Equal pieces are equal text, whatever their message's position,
+    so their tokens can be reused (see :mod:`kvsim.io.pieces`).
+    """
+
+    pieces: list[str]
+    starts: list[tuple[int, int]]
+    roles: list[str]
+
+    def joined(self) -> RenderedChat:
+        """The same rendering as one text."""
+        offsets, pos = [], 0
+        for piece in self.pieces:
+            offsets.append(pos)
+            pos += len(piece)
+        return RenderedChat("".join(self.pieces), [offsets[k] + c for k, c in self.starts], self.roles)
+
+
 @dataclass(frozen=True)
 class ChatTemplate:
     name: str
     bos: str                      # what starts every prompt (also prepended to completions)
     eot: str                      # appended to a generated reply (end of the assistant turn)
     special_tokens: tuple[str, ...]
-    render: Callable[[Sequence[Message]], RenderedChat] = field(compare=False)
+    render_pieces: Callable[[Sequence[Message]], RenderedPieces] = field(compare=False)
+
+    def render(self, messages: Sequence[Message]) -> RenderedChat:
+        """The prompt text with the generation prompt appended, and where each message starts."""
+        return self.render_pieces(messages).joined()
 
 
-def _llama3(messages: Sequence[Message]) -> RenderedChat:
-    parts, starts, pos = ["<|begin_of_text|>"], [], 0
-    for i, (role, content) in enumerate(messages):
-        starts.append(pos)
-        piece = f"<|start_header_id|>{role}<|end_header_id|>\n\n{content.strip()}<|eot_id|>"
-        if i == 0:
-            piece = parts.pop() + piece  # bos_token + content for the first message
-        parts.append(piece)
-        pos += len(piece)
-    parts.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
-    return RenderedChat("".join(parts), starts, [r for r, _ in messages])
+def _llama3(messages: Sequence[Message]) -> RenderedPieces:
+    # bos_token + content for the first message: the BOS is a piece of its own, owned by message 0
+    pieces = ["<|begin_of_text|>",
+              *[f"<|start_header_id|>{role}<|end_header_id|>\n\n{content.strip()}<|eot_id|>"
+                for role, content in messages],
+              "<|start_header_id|>assistant<|end_header_id|>\n\n"]
+    starts = [(0, 0), *[(k, 0) for k in range(2, len(messages) + 1)]] if messages else []
+    return RenderedPieces(pieces, starts, [r for r, _ in messages])
 
 
-def _chatml(messages: Sequence[Message]) -> RenderedChat:
-    parts, starts, pos = [], [], 0
-    for role, content in messages:
-        starts.append(pos)
-        piece = f"<|im_start|>{role}\n{content}<|im_end|>\n"
-        parts.append(piece)
-        pos += len(piece)
-    parts.append("<|im_start|>assistant\n")
-    return RenderedChat("".join(parts), starts, [r for r, _ in messages])
+def _chatml(messages: Sequence[Message]) -> RenderedPieces:
+    pieces = [f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in messages]
+    pieces.append("<|im_start|>assistant\n")
+    return RenderedPieces(pieces, [(k, 0) for k in range(len(messages))], [r for r, _ in messages])
 
 
-def _mistral(messages: Sequence[Message]) -> RenderedChat:
-    parts, starts, pos = ["<s>"], [], len("<s>")
-    pending: list[str] = []  # system messages waiting for the next user turn
-    for role, content in messages:
+def _mistral(messages: Sequence[Message]) -> RenderedPieces:
+    pieces: list[str] = ["<s>"]
+    starts: list[tuple[int, int]] = [(0, 0)] * len(messages)
+    pending: list[tuple[int, str]] = []  # system messages waiting for the next user turn
+
+    def place_pending() -> None:
+        # the first waiting system message starts with its turn, the others at their text
+        offset = 0
+        for k, (j, text) in enumerate(pending):
+            starts[j] = (len(pieces), offset)
+            offset = (offset or len("[INST] ")) + len(text) + 2
+
+    for j, (role, content) in enumerate(messages):
         if role == "system":
             # mistral-common (v1 tokenizer): the system prompt goes in front of the next
             # user turn, followed by a blank line.
-            offset = len("[INST] ") + sum(len(s) + 2 for s in pending) if pending else 0
-            starts.append(pos + offset)
-            pending.append(content)
+            pending.append((j, content))
             continue
         if role == "assistant":
-            piece, start = content + "</s>", pos
-        else:  # user, and any other role, speaks as the user
-            head = "[INST] " + "".join(s + "\n\n" for s in pending)
-            piece, start = head + content + " [/INST]", pos + (len(head) if pending else 0)
-            pending.clear()
-        starts.append(start)
-        parts.append(piece)
-        pos += len(piece)
+            starts[j] = (len(pieces), 0)
+            pieces.append(content + "</s>")
+            continue
+        # user, and any other role, speaks as the user
+        head = "[INST] " + "".join(text + "\n\n" for _, text in pending)
+        place_pending()
+        starts[j] = (len(pieces), len(head) if pending else 0)
+        pieces.append(head + content + " [/INST]")
+        pending.clear()
     if pending:  # system message(s) with no user turn after them
-        parts.append("[INST] " + "\n\n".join(pending) + " [/INST]")
+        place_pending()
+        pieces.append("[INST] " + "\n\n".join(text for _, text in pending) + " [/INST]")
     if starts:
-        starts[0] = 0  # the first message owns the BOS token
-    return RenderedChat("".join(parts), starts, [r for r, _ in messages])
+        starts[0] = (0, 0)  # the first message owns the BOS token
+    return RenderedPieces(pieces, starts, [r for r, _ in messages])
 
 
-def _plain(messages: Sequence[Message]) -> RenderedChat:
-    parts, starts, pos = [], [], 0
-    for role, content in messages:
-        starts.append(pos)
-        piece = f"{role}: {content}\n\n"
-        parts.append(piece)
-        pos += len(piece)
-    parts.append("assistant: ")
-    return RenderedChat("".join(parts), starts, [r for r, _ in messages])
+def _plain(messages: Sequence[Message]) -> RenderedPieces:
+    pieces = [f"{role}: {content}\n\n" for role, content in messages]
+    pieces.append("assistant: ")
+    return RenderedPieces(pieces, [(k, 0) for k in range(len(messages))], [r for r, _ in messages])
 
 
 BUILTIN: dict[str, ChatTemplate] = {
@@ -180,7 +201,7 @@ def load_template_file(path: str) -> ChatTemplate:
     return ChatTemplate(str(p), bos, eot, tuple(specials), render)
 
 
-def _jinja_renderer(source: str, bos: str, eos: str, name: str) -> Callable[[Sequence[Message]], RenderedChat]:
+def _jinja_renderer(source: str, bos: str, eos: str, name: str) -> Callable[[Sequence[Message]], RenderedPieces]:
     try:
         from jinja2 import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -203,7 +224,7 @@ def _jinja_renderer(source: str, bos: str, eos: str, name: str) -> Callable[[Seq
         return template.render(messages=[{"role": r, "content": c} for r, c in messages],
                                add_generation_prompt=generation, bos_token=bos, eos_token=eos)
 
-    def render(messages: Sequence[Message]) -> RenderedChat:
+    def render(messages: Sequence[Message]) -> RenderedPieces:
         try:
             text = run(messages, True)
             # A message starts where the rendering of the messages before it stops matching.
@@ -215,7 +236,12 @@ def _jinja_renderer(source: str, bos: str, eos: str, name: str) -> Callable[[Seq
             raise TemplateRenderError(str(e)) from None
         except Exception as e:  # noqa: BLE001 - a user template can fail in any way
             raise TemplateRenderError(f"{type(e).__name__}: {e}") from None
-        return RenderedChat(text, starts, [r for r, _ in messages])
+        # one piece per message (its whole rendering depends on the template: cut the text)
+        cuts = starts[:1] + [s for a, s in zip(starts, starts[1:]) if s > a] if messages else [0]
+        pieces = [text[a:b] for a, b in zip(cuts, cuts[1:] + [len(text)])]
+        index = {c: k for k, c in enumerate(cuts)}
+        return RenderedPieces(pieces, [(index[s], 0) for s in starts] if messages else [],
+                              [r for r, _ in messages])
 
     return render
 

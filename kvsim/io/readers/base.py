@@ -12,6 +12,7 @@ from kvsim.errors import InputError
 from kvsim.io.builder import TraceBuilder
 from kvsim.io.encode import PendingRequest, encode_requests
 from kvsim.io.fields import BadRecord, CommonFields, kind, require_object
+from kvsim.io.pieces import PieceEncoder, cut_strings
 from kvsim.io.source import Source
 from kvsim.io.templates import ChatTemplate, get_template
 from kvsim.io.tokenizers import Tokenizer, get_tokenizer
@@ -37,9 +38,13 @@ class LoadContext:
     used_template: bool = False
     hash_block_sizes: list[int] = field(default_factory=list)
     models: set[str] = field(default_factory=set)
+    recorded: dict[str, Any] | None = None  # meta stored with a converted trace (Parquet)
     executor: ThreadPoolExecutor | None = None
     _tokenizer: Tokenizer | None = None
     _template: ChatTemplate | None = None
+    _pieces: PieceEncoder | None | bool = False  # False: not decided yet
+    #: tokenize chat prompts piece by piece, each distinct piece once (see kvsim.io.pieces)
+    piecewise: ClassVar[bool] = True
 
     # -- lazily loaded: a hash-id trace needs neither ------------------------------------
     @property
@@ -53,6 +58,14 @@ class LoadContext:
         if self._tokenizer is None:
             self._tokenizer = get_tokenizer(self.tokenizer_name, self.template.special_tokens)
         return self._tokenizer
+
+    @property
+    def pieces(self) -> PieceEncoder | None:
+        """The piece-by-piece encoder, or None where prompts are tokenized whole."""
+        if self._pieces is False:
+            specials = cut_strings(self.tokenizer) if self.piecewise else None
+            self._pieces = None if specials is None else PieceEncoder(self.tokenizer, specials)
+        return self._pieces
 
     @property
     def eot_id(self) -> int | None:
@@ -136,16 +149,17 @@ class JsonRequestReader(Reader):
             self._flush(batch, ctx)
 
     def _flush(self, batch: list[PendingRequest], ctx: LoadContext) -> None:
-        needs_tok = any(r.prompt_text is not None or (r.reply is not None and r.output_ids is None)
-                        for r in batch)
+        needs_tok = any(r.prompt_text is not None or r.prompt_pieces is not None
+                        or (r.reply is not None and r.output_ids is None) for r in batch)
         tok = ctx.tokenizer if needs_tok else None
         eot = ctx.eot_id if needs_tok else None
+        pieces = ctx.pieces if needs_tok else None
         if needs_tok:
             ctx.used_tokenizer = True
         if ctx.executor is not None:  # tokenize in the background while parsing goes on
-            ctx.builder.add(ctx.executor.submit(encode_requests, batch, ctx.source_index, tok, eot))
+            ctx.builder.add(ctx.executor.submit(encode_requests, batch, ctx.source_index, tok, eot, pieces))
         else:
-            ctx.builder.add(encode_requests(batch, ctx.source_index, tok, eot))
+            ctx.builder.add(encode_requests(batch, ctx.source_index, tok, eot, pieces))
 
     # -- helpers for subclasses -----------------------------------------------------------
     @staticmethod
@@ -170,13 +184,15 @@ class JsonRequestReader(Reader):
 
         msgs = list(messages)
         try:
-            rendered = ctx.template.render(msgs)
+            rendered = ctx.template.render_pieces(msgs)
         except TemplateRenderError as e:
             raise BadRecord(f"chat template {ctx.template.name} cannot render these messages: {e}") from None
         ctx.used_template = True
-        roles = ctx.builder.roles
-        return dict(prompt_text=rendered.text, msg_chars=list(rendered.message_starts_chars),
-                    msg_roles=[roles.code(r) for r in rendered.roles])
+        roles = ctx.builder.roles.codes(rendered.roles)
+        if ctx.pieces is not None:
+            return dict(prompt_pieces=rendered, msg_roles=roles)
+        whole = rendered.joined()
+        return dict(prompt_text=whole.text, msg_chars=list(whole.message_starts_chars), msg_roles=roles)
 
 
 def message_text(content: Any, where: str, ctx: LoadContext) -> str:

@@ -23,18 +23,26 @@ def parse_messages(value: Any, ctx: LoadContext, key: str = "messages") -> list[
         raise BadRecord(f"{key} is empty")
     out = []
     for i, m in enumerate(value):
-        where = f"{key}[{i}]"
-        if not isinstance(m, dict):
-            raise BadRecord(f"{where} must be an object, got {kind(m)}")
-        role = m.get("role")
-        if not isinstance(role, str) or not role:
-            raise BadRecord(f"{where} has no role" if role is None else f"{where}.role must be a string")
-        if "content" not in m and not m.get("tool_calls"):
-            raise BadRecord(f"{where} has no content")
-        if m.get("tool_calls"):
-            ctx.count("assistant tool calls are not rendered (only message text is)")
-        out.append((role, message_text(m.get("content"), where, ctx)))
+        if type(m) is dict:  # the common case, checked without building the error context
+            role, content = m.get("role"), m.get("content")
+            if type(role) is str and role and type(content) is str and not m.get("tool_calls"):
+                out.append((role, content))
+                continue
+        out.append(_message(m, f"{key}[{i}]", ctx))
     return out
+
+
+def _message(m: Any, where: str, ctx: LoadContext) -> tuple[str, str]:
+    if not isinstance(m, dict):
+        raise BadRecord(f"{where} must be an object, got {kind(m)}")
+    role = m.get("role")
+    if not isinstance(role, str) or not role:
+        raise BadRecord(f"{where} has no role" if role is None else f"{where}.role must be a string")
+    if "content" not in m and not m.get("tool_calls"):
+        raise BadRecord(f"{where} has no content")
+    if m.get("tool_calls"):
+        ctx.count("assistant tool calls are not rendered (only message text is)")
+    return role, message_text(m.get("content"), where, ctx)
 
 
 class ChatReader(JsonRequestReader):

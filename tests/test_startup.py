@@ -1,0 +1,28 @@
+"""Start-up: commands import heavy packages only where they use them (no timing here; the
+times are measured by bench/bench_ingest.py, section startup)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("numpy", "pandas", "numba", "matplotlib", "torch", "pyarrow", "tiktoken", "jinja2", "ray")
+
+
+def imported_by(args: list[str]) -> set[str]:
+    code = ("import sys\nfrom kvsim.cli import run\nrun(sys.argv[1:])\n"
+            f"print('IMPORTED', [m for m in {HEAVY!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True).stdout
+    line = next(x for x in out.splitlines() if x.startswith("IMPORTED"))
+    return set(json.loads(line.split(" ", 1)[1].replace("'", '"')))
+
+
+def test_help_imports_nothing_heavy():
+    assert imported_by(["--help"]) == set()
+    assert imported_by(["simulate", "--help"]) == set()
+
+
+def test_simulate_on_a_small_token_log_imports_only_what_it_uses(tmp_path):
+    log = tmp_path / "one.jsonl"
+    log.write_text('{"prompt_token_ids": [1, 2, 3], "output_token_ids": [4]}\n')
+    assert imported_by(["--no-trace-cache", "simulate", str(log)]) == {"numpy", "numba"}
