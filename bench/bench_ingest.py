@@ -20,7 +20,7 @@ Sections (``--only``, comma-separated; default all):
   field, the scanner on every core);
 - ``e2e``: a plain script (``plain_replay.py``: ``json.loads`` per line + the real vLLM
   ``KVCacheManager`` or the real SGLang tree, in the oracle interpreter) against
-  ``kvsim --no-trace-cache simulate --policy apc|radix --capacity-tokens 1000000``, and reading
+  ``kvsim --no-trace-cache simulate --policy apc|radix --capacity 1000000``, and reading
   alone (``kvsim inspect``) against ``json.loads`` of the lines; every figure is a whole
   process's wall time minus the same process on the one-request log (start-up cancelled
   out); the per-request cached tokens of both sides are checked equal;
@@ -253,7 +253,7 @@ def bench_e2e(files: dict, args, env: dict) -> list[dict]:
                        [python, str(PLAIN), str(files["tokens_one"]), policy, cap, str(tmp / "plain_one.json")],
                        args.plain_runs)
         per_request = tmp / f"kvsim_{policy}.jsonl"
-        sim = [*KVSIM, "--no-trace-cache", "simulate", "--policy", policy, "--capacity-tokens", cap]
+        sim = [*KVSIM, "--no-trace-cache", "simulate", "--policy", policy, "--capacity", cap]
         run([*sim, str(files["tokens"])], env)  # compiled kernels loaded once before timing
         k = paired([*sim, str(files["tokens"]), "--per-request", str(per_request)],
                    [*sim, str(files["tokens_one"]), "--per-request", str(tmp / "one.jsonl")], args.runs, env)
@@ -309,7 +309,7 @@ def bench_chat(files: dict, runs: int) -> list[dict]:
 def bench_cache(files: dict, runs: int, env: dict) -> list[dict]:
     rows = []
     for name in ("tokens", "chat"):
-        sim = [*KVSIM, "simulate", "--policy", "apc", "--capacity-tokens", "1000000", str(files[name])]
+        sim = [*KVSIM, "simulate", "--policy", "apc", "--capacity", "1000000", str(files[name])]
         misses, hits, nocache = [], [], []
         for _ in range(runs):
             run([*KVSIM, "cache", "clear"], env)
