@@ -31,7 +31,7 @@ def convert(
     Example: [bold]kvsim convert logs/*.jsonl.gz -o trace.parquet[/]
     """
     from kvsim.errors import ConfigError
-    from kvsim.io.export import check_output_path
+    from kvsim.outputs import check_output_path
 
     name = output.name.lower()
     parquet = name.endswith(".parquet")

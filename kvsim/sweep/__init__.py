@@ -10,9 +10,21 @@ parallel, and one-pass hit-rate-vs-capacity curves.
 """
 from __future__ import annotations
 
-from kvsim.sweep.curves import CurveModel, curve, curve_model
-from kvsim.sweep.optimal import OptimalModel, optimal_model
-from kvsim.sweep.run import CurveSeries, SweepResult, run_sweep, sweep
+import importlib
+from typing import Any
+
+#: public name -> the module that defines it, imported on first use so that
+#: ``kvsim.sweep.grid`` (capacity parsing, used by every command) does not pull in pandas
+_HOMES = {"CurveModel": "curves", "curve": "curves", "curve_model": "curves",
+          "OptimalModel": "optimal", "optimal_model": "optimal",
+          "CurveSeries": "run", "SweepResult": "run", "run_sweep": "run", "sweep": "run"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'kvsim.sweep' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"kvsim.sweep.{_HOMES[name]}"), name)
+
 
 __all__ = ["CurveModel", "CurveSeries", "OptimalModel", "SweepResult", "curve", "curve_model", "optimal_model",
            "run_sweep", "sweep"]
