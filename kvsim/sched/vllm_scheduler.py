@@ -25,7 +25,7 @@ import numpy as np
 from kvsim.errors import ConfigError
 from kvsim.sched.clock import run_steps
 from kvsim.sched.results import StepResult
-from kvsim.sched.vllm_cache import VllmKVCache
+from kvsim.sched.vllm_cache import IMPLEMENTATIONS, make_kv_cache
 
 WAITING, RUNNING, PREEMPTED, FINISHED = range(4)
 BATCH_QUEUE_SIZE = 2          # VllmConfig.max_concurrent_batches with async scheduling (§4.2)
@@ -49,6 +49,7 @@ class VllmSchedSettings:
     max_model_len: int | None = None       # None: no cap below the requests' own lengths
     hash_algo: str = "fast"
     enable_prefix_caching: bool = True     # --no-enable-prefix-caching: every lookup misses
+    implementation: str = "fast"           # the cache model: "fast" (compiled) or "reference"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -56,6 +57,8 @@ class VllmSchedSettings:
         for name in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer")
+        if self.implementation not in IMPLEMENTATIONS:
+            raise ConfigError(f"unknown implementation {self.implementation!r}; choose fast or reference")
         if self.long_prefill_token_threshold < 0:
             raise ConfigError("--long-prefill-token-threshold must be 0 (off) or positive")
         if not 0.0 <= self.watermark < 1.0:
@@ -159,8 +162,8 @@ class VllmScheduler:
     def __init__(self, settings: VllmSchedSettings) -> None:
         s = self.settings = settings
         self.max_model_len = s.max_model_len or (1 << 62)
-        self.cache = VllmKVCache(s.num_gpu_blocks, s.block_size, s.watermark, s.hash_algo, self.max_model_len,
-                                 s.enable_prefix_caching)
+        self.cache = make_kv_cache(s.implementation, s.num_gpu_blocks, s.block_size, s.watermark, s.hash_algo,
+                                   self.max_model_len, s.enable_prefix_caching)
         self.waiting = WaitingQueue(s.policy == "priority")
         self.running: list[VllmRequest] = []
         self.finished_since_schedule = False      # finished_req_ids not yet sent to the workers
@@ -319,6 +322,7 @@ class VllmScheduler:
                 req.status = FINISHED
                 self.finished_since_schedule = True
                 cache.free(req.seq)
+                cache.release(req.seq)
                 result.finish_step[i] = plan.step
                 result.output_tokens[i] = req.num_output_tokens
                 result.finished.append(i)
