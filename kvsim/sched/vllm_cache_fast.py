@@ -70,9 +70,8 @@ class FastVllmKVCache:
         seq.every, seq.first = self.hasher.fast_namespace_keys(lora, cache_salt)
         seq.cap = 0
         self._place(seq, (L + max_outputs) // B + 2)
-        seq.tail = np.zeros(B, np.int64)
         nfull = L // B
-        seq.tail[:L - nfull * B] = prompt[nfull * B:]
+        seq.tail = prompt[nfull * B:].tolist() + [0] * (B - L + nfull * B)   # the partial block's tokens
         if self.hasher.algo == "fast":
             seq.exact = None
             hashing.fast_hash_sequence(prompt, 0, nfull, B, np.uint64(hashing.FAST_ROOT), np.uint64(seq.every),
@@ -88,10 +87,11 @@ class FastVllmKVCache:
         B = self.block_size
         if seq.exact is not None:
             seq.exact.tokens.append(int(token))
-        seq.tail[seq.n % B] = token
-        seq.n += 1
-        if seq.n % B == 0:
-            self._hash_filled(seq, seq.tail, seq.n // B - 1, 1)
+        n = seq.n
+        seq.tail[n % B] = token
+        seq.n = n = n + 1
+        if n % B == 0:
+            self._hash_filled(seq, np.array(seq.tail, np.int64), n // B - 1, 1)
 
     def append_many(self, seq: FastSequence, tokens: np.ndarray) -> None:
         """Several sampled tokens at once (the same keys as one by one)."""
@@ -99,13 +99,13 @@ class FastVllmKVCache:
         if seq.exact is not None:
             seq.exact.tokens.extend(int(t) for t in tokens)
         part = seq.n % B
-        joined = np.concatenate([seq.tail[:part], np.asarray(tokens, np.int64)])
+        joined = np.concatenate([np.array(seq.tail[:part], np.int64), np.asarray(tokens, np.int64)])
         nfull = len(joined) // B
         seq.n += len(tokens)
         if nfull:
             self._hash_filled(seq, joined, seq.n // B - nfull, nfull)
         rest = len(joined) - nfull * B
-        seq.tail[:rest] = joined[nfull * B:]
+        seq.tail[:rest] = joined[nfull * B:].tolist()
 
     def _hash_filled(self, seq: FastSequence, tokens: np.ndarray, first_block: int, count: int) -> None:
         """Keys of the ``count`` blocks from ``first_block`` on; ``tokens`` starts at that block."""
@@ -184,20 +184,21 @@ class FastVllmKVCache:
         The watermark adds ``watermark_blocks`` to the blocks needed by both of vLLM's
         checks (docs/engines/vllm-scheduler.md §3.3).
         """
-        B, mml = self.block_size, self.max_model_len
+        B = self.block_size
         computed = num_computed + num_new_computed
-        num_slots = min(computed + num_new_tokens, mml)
-        no_hits = hits is None or len(hits) == 0
-        if seq.allocated and no_hits and not full_sequence_must_fit and seq.num_blocks * B >= num_slots:
+        num_slots = computed + num_new_tokens
+        if num_slots > self.max_model_len:
+            num_slots = self.max_model_len
+        if hits is None and seq.allocated and not full_sequence_must_fit and seq.num_blocks * B >= num_slots:
             # the blocks already hold the new tokens: nothing to do unless a block becomes full
-            if not self.enable_caching or min(num_slots, seq.n) // B <= seq.num_cached:
+            if not self.enable_caching or (num_slots if num_slots < seq.n else seq.n) // B <= seq.num_cached:
                 return True
-        if no_hits:
+        if hits is None or len(hits) == 0:
             hits = _NO_HITS
         self._room(seq, -(-num_slots // B) + 1)
         p = self.pool
         reserve = self.watermark_blocks if apply_watermark else 0
-        gate = min(seq.n, mml) if full_sequence_must_fit else -1
+        gate = min(seq.n, self.max_model_len) if full_sequence_must_fit else -1
         nb, nc = stepped.allocate(p.qnext, p.qprev, p.key, p.dnext, p.dprev, p.tkeys, p.theads, p.ref, p.st,
                                   self.tbl, self.keys, seq.off, seq.num_blocks, seq.num_cached, seq.allocated,
                                   seq.n // B, num_slots, min(computed + num_new_tokens, seq.n), hits,
@@ -222,7 +223,7 @@ class FastVllmKVCache:
 
     def cache_blocks(self, seq: FastSequence, num_tokens: int) -> None:
         B = self.block_size
-        if min(num_tokens, seq.n) // B <= seq.num_cached:
+        if (num_tokens if num_tokens < seq.n else seq.n) // B <= seq.num_cached:
             return
         p = self.pool
         seq.num_cached = stepped.cache_full(p.key, p.dnext, p.dprev, p.tkeys, p.theads, self.tbl, self.keys,

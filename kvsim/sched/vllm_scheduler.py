@@ -77,8 +77,8 @@ class VllmSchedSettings:
 class VllmRequest:
     """A request as the scheduler tracks it (``vllm/v1/request.py``)."""
 
-    __slots__ = ("index", "seq", "outputs", "num_prompt_tokens", "max_tokens", "priority", "status",
-                 "num_computed_tokens", "num_output_tokens", "num_output_placeholders",
+    __slots__ = ("index", "seq", "outputs", "output_ids", "num_prompt_tokens", "max_tokens", "priority", "status",
+                 "num_computed_tokens", "num_output_tokens", "num_tokens", "num_output_placeholders",
                  "num_in_flight_tokens", "num_stale_output_tokens", "num_preemptions",
                  "is_prefill_chunk", "stats_open", "prefill_cached")
 
@@ -86,12 +86,14 @@ class VllmRequest:
         self.index = index
         self.seq = seq                                  # the cache adapter's handle
         self.outputs = outputs                          # the tokens the model will sample
+        self.output_ids = outputs.tolist()              # the same, as Python ints
         self.num_prompt_tokens = seq.num_prompt_tokens
         self.max_tokens = len(outputs)                  # SamplingParams.max_tokens = logged length
         self.priority = priority
         self.status = WAITING
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
+        self.num_tokens = self.num_prompt_tokens        # prompt + outputs so far
         self.num_output_placeholders = 0                # async: sampled, not yet returned
         self.num_in_flight_tokens = 0                   # scheduled, output not yet processed
         self.num_stale_output_tokens = 0                # in flight when preempted (§3.4)
@@ -99,10 +101,6 @@ class VllmRequest:
         self.is_prefill_chunk = False
         self.stats_open = True                          # prefill stats not yet reported
         self.prefill_cached = 0                         # PrefillStats: hit of the first admission
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_prompt_tokens + self.num_output_tokens
 
     def sort_key(self) -> tuple[int, int]:
         """Priority order: lower priority value first, then earlier arrival (§3.1)."""
@@ -271,7 +269,7 @@ class VllmScheduler:
             req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens + req.num_output_placeholders
             if not req.is_prefill_chunk:
                 # the model samples the token at position num_computed_tokens
-                sampled[req] = int(req.outputs[req.num_computed_tokens - req.num_prompt_tokens])
+                sampled[req] = req.output_ids[req.num_computed_tokens - req.num_prompt_tokens]
                 if s.async_scheduling:
                     req.num_output_placeholders += 1
         self.finished_since_schedule = False
@@ -306,6 +304,7 @@ class VllmScheduler:
             had_placeholders = req.num_output_placeholders > 0
             cache.append(req.seq, token)
             req.num_output_tokens += 1
+            req.num_tokens += 1
             stopped = req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len
             if not stale and had_placeholders:
                 req.num_output_placeholders -= 1
@@ -313,10 +312,9 @@ class VllmScheduler:
                     # async: blocks whose tokens are now all known get cached (§4.2)
                     cache.cache_blocks(req.seq, req.num_computed_tokens - req.num_in_flight_tokens)
             i = req.index
-            if req.stats_open:
+            if req.stats_open:          # the request's first output
                 req.stats_open = False
                 result.cached_tokens[i] = req.prefill_cached
-            if result.first_token_step[i] < 0:
                 result.first_token_step[i] = plan.step
             if stopped:
                 req.status = FINISHED
@@ -416,13 +414,14 @@ class VllmEngine:
             first = c + 1 - lag - r.num_prompt_tokens
             cache.append_many(r.seq, r.outputs[first:first + k])
             r.num_output_tokens += k
+            r.num_tokens += k
         cache.decode_steps([r.seq for r in running], computed, k, lag)
         for r, c in zip(running, computed):
             r.num_computed_tokens = c + k
         sched.finished_since_schedule = False
         if lag:   # the last step's output is still in flight
             self.queue[0] = StepPlan(step + k - 1, {r: 1 for r in running},
-                                     {r: int(r.outputs[r.num_computed_tokens - r.num_prompt_tokens]) for r in running},
+                                     {r: r.output_ids[r.num_computed_tokens - r.num_prompt_tokens] for r in running},
                                      set(running))
         return k
 
