@@ -85,3 +85,27 @@ def test_tight_cases_preempt():
 def test_unknown_implementation_is_a_clear_error():
     with pytest.raises(ConfigError, match="implementation"):
         VllmSchedSettings(num_gpu_blocks=10, implementation="turbo")
+
+
+@pytest.mark.parametrize("diverge_at", [0, 5, 16, 23, 40])
+def test_block_keys_follow_the_sampled_tokens(diverge_at):
+    """Keys hashed ahead from the planned outputs are used only while the sampled tokens
+    follow the plan; after a different token they are those of the tokens really appended."""
+    from kvsim.sched.vllm_cache import make_kv_cache
+
+    rng = np.random.default_rng(diverge_at)
+    prompt, planned = rng.integers(0, 50, 37), rng.integers(0, 50, 45)
+    sampled = planned.copy()
+    sampled[diverge_at:] = rng.integers(50, 99, len(planned) - diverge_at)
+    ref, fast = (make_kv_cache(impl, 64, 8) for impl in ("reference", "fast"))
+    seqs = [cache.new_sequence("r", prompt, "adapter", "salt", outputs=planned) for cache in (ref, fast)]
+    for k, token in enumerate(sampled.tolist()):
+        if k == 30:             # a bulk append in the middle, as decode runs do
+            for cache, seq in zip((ref, fast), seqs):
+                cache.append_many(seq, sampled[30:38])
+        if 30 <= k < 38:
+            continue
+        for cache, seq in zip((ref, fast), seqs):
+            cache.append(seq, token)
+        assert [int(h) for h in seqs[1].block_hashes] == [int(h) for h in seqs[0].block_hashes]
+    assert len(seqs[1].block_hashes) == (len(prompt) + len(planned)) // 8

@@ -62,9 +62,10 @@ class VllmKVCache:
         self.watermark_blocks = int(watermark * num_gpu_blocks)
 
     def new_sequence(self, request_id: str, prompt: Seq[int], lora: str | None = None,
-                     cache_salt: str | None = None, max_outputs: int = 0) -> Sequence:
+                     cache_salt: str | None = None, outputs: Seq[int] | None = None) -> Sequence:
+        """A request; ``outputs``, the tokens it will sample if known, size its buffer."""
         seq = Sequence(request_id, [], len(prompt), None, lora, cache_salt)
-        seq.tokens = TokenBuffer(prompt, len(prompt) + max_outputs)
+        seq.tokens = TokenBuffer(prompt, len(prompt) + (0 if outputs is None else len(outputs)))
         seq.hasher = self.hasher
         self.hasher.extend(seq)
         return seq

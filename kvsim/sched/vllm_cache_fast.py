@@ -24,7 +24,8 @@ class FastSequence:
     """A request as the compiled pool sees it: its arena region and its scalars."""
 
     __slots__ = ("request_id", "num_prompt_tokens", "n", "off", "cap", "num_blocks", "num_cached",
-                 "allocated", "tail", "every", "first", "exact", "cache", "num_computed_tokens")
+                 "allocated", "tail", "every", "first", "exact", "cache", "num_computed_tokens",
+                 "planned_ids")
 
     @property
     def block_hashes(self) -> np.ndarray:
@@ -59,10 +60,13 @@ class FastVllmKVCache:
 
     # -- requests ----------------------------------------------------------------------
     def new_sequence(self, request_id: str, prompt: Seq[int], lora: str | None = None,
-                     cache_salt: str | None = None, max_outputs: int = 0) -> FastSequence:
+                     cache_salt: str | None = None, outputs: Seq[int] | None = None) -> FastSequence:
+        """A request; ``outputs``, the tokens it will sample if known, are hashed ahead (the
+        keys count once those tokens are appended; a different token drops the plan)."""
         B = self.block_size
         prompt = np.asarray(prompt, np.int64)
         L = len(prompt)
+        max_outputs = 0 if outputs is None else len(outputs)
         seq = FastSequence()
         seq.request_id, seq.num_prompt_tokens, seq.n, seq.cache = request_id, L, L, self
         seq.num_blocks = seq.num_cached = seq.num_computed_tokens = 0
@@ -72,9 +76,16 @@ class FastVllmKVCache:
         self._place(seq, (L + max_outputs) // B + 2)
         nfull = L // B
         seq.tail = prompt[nfull * B:].tolist() + [0] * (B - L + nfull * B)   # the partial block's tokens
+        seq.planned_ids = None
         if self.hasher.algo == "fast":
             seq.exact = None
-            hashing.fast_hash_sequence(prompt, 0, nfull, B, np.uint64(hashing.FAST_ROOT), np.uint64(seq.every),
+            tokens = prompt
+            if max_outputs:
+                planned = np.asarray(outputs, np.int64)
+                seq.planned_ids = planned.tolist()
+                tokens = np.concatenate([prompt, planned])
+            nfull = len(tokens) // B
+            hashing.fast_hash_sequence(tokens, 0, nfull, B, np.uint64(hashing.FAST_ROOT), np.uint64(seq.every),
                                        np.uint64(seq.first), self.keys[seq.off:seq.off + nfull])
         else:
             seq.exact = Sequence(request_id, [], L, None, lora, cache_salt)
@@ -84,10 +95,16 @@ class FastVllmKVCache:
 
     def append(self, seq: FastSequence, token: int) -> None:
         """A sampled token joins the sequence; a block it fills is hashed at once."""
+        n = seq.n
+        if seq.planned_ids is not None:
+            i = n - seq.num_prompt_tokens
+            if i < len(seq.planned_ids) and seq.planned_ids[i] == token:
+                seq.n = n + 1           # its key, if it fills a block, is there already
+                return
+            self._drop_plan(seq)
         B = self.block_size
         if seq.exact is not None:
             seq.exact.tokens.append(int(token))
-        n = seq.n
         seq.tail[n % B] = token
         seq.n = n = n + 1
         if n % B == 0:
@@ -95,6 +112,12 @@ class FastVllmKVCache:
 
     def append_many(self, seq: FastSequence, tokens: np.ndarray) -> None:
         """Several sampled tokens at once (the same keys as one by one)."""
+        if seq.planned_ids is not None:
+            i = seq.n - seq.num_prompt_tokens
+            if seq.planned_ids[i:i + len(tokens)] == np.asarray(tokens).tolist():
+                seq.n += len(tokens)
+                return
+            self._drop_plan(seq)
         B = self.block_size
         if seq.exact is not None:
             seq.exact.tokens.extend(int(t) for t in tokens)
@@ -106,6 +129,14 @@ class FastVllmKVCache:
             self._hash_filled(seq, joined, seq.n // B - nfull, nfull)
         rest = len(joined) - nfull * B
         seq.tail[:rest] = joined[nfull * B:].tolist()
+
+    def _drop_plan(self, seq: FastSequence) -> None:
+        """The sampled tokens leave the plan: keys are computed as blocks fill from now on."""
+        B, L, n = self.block_size, seq.num_prompt_tokens, seq.n
+        known = seq.tail[:L % B] + seq.planned_ids[:n - L]     # tokens from block L // B on
+        start = (n // B) * B - (L // B) * B
+        seq.tail = known[start:] + [0] * (B - (n - (n // B) * B))
+        seq.planned_ids = None
 
     def _hash_filled(self, seq: FastSequence, tokens: np.ndarray, first_block: int, count: int) -> None:
         """Keys of the ``count`` blocks from ``first_block`` on; ``tokens`` starts at that block."""

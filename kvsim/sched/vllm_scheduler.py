@@ -361,7 +361,7 @@ class VllmEngine:
             return
         seq = self.scheduler.cache.new_sequence(
             str(index), self.prompts[index], None if self.loras is None else self.loras[index],
-            None if self.salts is None else self.salts[index], max_outputs=len(self.outputs[index]))
+            None if self.salts is None else self.salts[index], outputs=self.outputs[index])
         priority = 0 if self.priorities is None else int(self.priorities[index])
         self.scheduler.add_request(VllmRequest(index, seq, np.asarray(self.outputs[index]), priority))
 
@@ -399,7 +399,9 @@ class VllmEngine:
                                or r.num_computed_tokens != r.num_tokens - 1 for r in running):
             return 0
         computed = [r.num_computed_tokens for r in running]
-        k = min(horizon, min(r.max_tokens - r.num_output_tokens for r in running) - 3,
+        # nobody may finish inside the run: k outputs are processed, the last step's
+        # output (async) comes after it; nobody reaches the async "already at max_tokens" skip
+        k = min(horizon, min(r.max_tokens - r.num_output_tokens for r in running) - 1,
                 sched.max_model_len - max(computed) - 3)
         cache = sched.cache
         if sched.waiting and bs < s.max_num_seqs and bs < s.max_num_batched_tokens:
