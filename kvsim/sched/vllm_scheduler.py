@@ -186,22 +186,26 @@ class VllmScheduler:
 
         # (a) running requests, in order (§3.2)
         running, i = self.running, 0
+        allocate, max_model_len = cache.allocate, self.max_model_len
         while i < len(running) and budget > 0:
             req = running[i]
+            computed, placeholders = req.num_computed_tokens, req.num_output_placeholders
             # async: the in-flight step already reaches max_tokens, no extra step (§4.2)
-            if req.num_output_placeholders > 0 and \
-                    req.num_computed_tokens + 2 - req.num_output_placeholders >= req.num_prompt_tokens + req.max_tokens:
+            if placeholders > 0 and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
                 i += 1
                 continue
-            n = req.num_tokens + req.num_output_placeholders - req.num_computed_tokens
+            n = req.num_tokens + placeholders - computed
             if 0 < threshold < n:
                 n = threshold
-            n = min(n, budget, self.max_model_len - req.num_computed_tokens - 1)
+            if n > budget:
+                n = budget
+            if n > max_model_len - computed - 1:
+                n = max_model_len - computed - 1
             if n <= 0:
                 i += 1
                 continue
             ok = True
-            while not cache.allocate(req.seq, req.num_computed_tokens, n):
+            while not allocate(req.seq, computed, n):
                 # preempt the lowest-priority running request: the last one (FCFS) or
                 # the largest (priority, arrival) (§3.4)
                 if priority:
@@ -263,15 +267,15 @@ class VllmScheduler:
 
         # _update_after_schedule (+ AsyncScheduler's placeholders)
         sampled: dict[VllmRequest, int] = {}
+        placeholder = int(s.async_scheduling)
         for req, n in scheduled.items():
-            req.num_computed_tokens += n
+            req.num_computed_tokens = computed = req.num_computed_tokens + n
             req.num_in_flight_tokens += n
-            req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens + req.num_output_placeholders
-            if not req.is_prefill_chunk:
+            req.is_prefill_chunk = chunk = computed < req.num_tokens + req.num_output_placeholders
+            if not chunk:
                 # the model samples the token at position num_computed_tokens
-                sampled[req] = req.output_ids[req.num_computed_tokens - req.num_prompt_tokens]
-                if s.async_scheduling:
-                    req.num_output_placeholders += 1
+                sampled[req] = req.output_ids[computed - req.num_prompt_tokens]
+                req.num_output_placeholders += placeholder
         self.finished_since_schedule = False
         return StepPlan(step, scheduled, sampled, decoding)
 
@@ -288,6 +292,7 @@ class VllmScheduler:
     # -- update_from_output() -------------------------------------------------------
     def update_from_output(self, plan: StepPlan, result: StepResult) -> None:
         cache = self.cache
+        append, cache_blocks, max_model_len, sampled = cache.append, cache.cache_blocks, self.max_model_len, plan.sampled
         stopped_running: set[VllmRequest] = set()
         stopped_waiting: set[VllmRequest] = set()
         for req, n in plan.scheduled.items():
@@ -295,22 +300,22 @@ class VllmScheduler:
             stale = req.num_stale_output_tokens > 0
             if stale:
                 req.num_stale_output_tokens -= n
-            if req.status == FINISHED:
+            status_before = req.status
+            if status_before == FINISHED:
                 continue
-            token = plan.sampled.get(req)
+            token = sampled.get(req)
             if token is None:
                 continue                        # mid-prefill: no output, no event
-            status_before = req.status
             had_placeholders = req.num_output_placeholders > 0
-            cache.append(req.seq, token)
-            req.num_output_tokens += 1
+            append(req.seq, token)
+            req.num_output_tokens = outputs = req.num_output_tokens + 1
             req.num_tokens += 1
-            stopped = req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len
-            if not stale and had_placeholders:
+            stopped = outputs >= req.max_tokens or req.num_tokens >= max_model_len
+            if had_placeholders and not stale:
                 req.num_output_placeholders -= 1
                 if status_before == RUNNING:
                     # async: blocks whose tokens are now all known get cached (§4.2)
-                    cache.cache_blocks(req.seq, req.num_computed_tokens - req.num_in_flight_tokens)
+                    cache_blocks(req.seq, req.num_computed_tokens - req.num_in_flight_tokens)
             i = req.index
             if req.stats_open:          # the request's first output
                 req.stats_open = False
