@@ -123,9 +123,22 @@ def allocate(qnext, qprev, key, dnext, dprev, tkeys, theads, ref, st, tbl, keys,
                 ref[b] += 1
             tbl[off + j] = b
         num_blocks = num_cached = len(hits)
+    # get_new_blocks: unlink from the head first, then drop the hashes the blocks held (the
+    # same state as one block at a time; the table lookups of a batch then overlap in memory)
+    start, head = num_blocks, len(qnext) - 2
     for _ in range((num_slots + B - 1) // B - num_blocks):
-        tbl[off + num_blocks] = _pop_new(qnext, qprev, key, dnext, dprev, tkeys, theads, ref, st)
+        b = qnext[head]
+        _unlink(qnext, qprev, b)
+        tbl[off + num_blocks] = b
         num_blocks += 1
+    st[Q_FREE] -= num_blocks - start
+    for j in range(start, num_blocks):
+        b = tbl[off + j]
+        ref[b] = 1
+        k = key[b]
+        if k != 0:
+            _remove(tkeys, theads, dnext, dprev, k, b)
+            key[b] = 0
     if caching:
         num_cached = cache_full(key, dnext, dprev, tkeys, theads, tbl, keys, off, num_cached, num_keys,
                                 cache_upto, B)
