@@ -64,7 +64,9 @@ class FastVllmKVCache:
         """A request; ``outputs``, the tokens it will sample if known, are hashed ahead (the
         keys count once those tokens are appended; a different token drops the plan)."""
         B = self.block_size
-        prompt = np.asarray(prompt, np.int64)
+        prompt = np.asarray(prompt)
+        if prompt.dtype.kind not in "iu":
+            prompt = prompt.astype(np.int64)
         L = len(prompt)
         max_outputs = 0 if outputs is None else len(outputs)
         seq = FastSequence()
@@ -79,17 +81,17 @@ class FastVllmKVCache:
         seq.planned_ids = None
         if self.hasher.algo == "fast":
             seq.exact = None
-            tokens = prompt
-            if max_outputs:
+            hashing.fast_hash_sequence(prompt, 0, nfull, B, np.uint64(hashing.FAST_ROOT), np.uint64(seq.every),
+                                       np.uint64(seq.first), self.keys[seq.off:seq.off + nfull])
+            if max_outputs:             # the blocks after the prompt's full ones, planned outputs included
                 planned = np.asarray(outputs, np.int64)
                 seq.planned_ids = planned.tolist()
-                tokens = np.concatenate([prompt, planned])
-            nfull = len(tokens) // B
-            hashing.fast_hash_sequence(tokens, 0, nfull, B, np.uint64(hashing.FAST_ROOT), np.uint64(seq.every),
-                                       np.uint64(seq.first), self.keys[seq.off:seq.off + nfull])
+                rest = np.concatenate([prompt[nfull * B:], planned])
+                if len(rest) >= B:
+                    self._hash_filled(seq, rest, nfull, len(rest) // B)
         else:
             seq.exact = Sequence(request_id, [], L, None, lora, cache_salt)
-            seq.exact.tokens = prompt.tolist()
+            seq.exact.tokens = [int(t) for t in prompt.tolist()]
             self._exact_keys(seq, 0)
         return seq
 

@@ -455,10 +455,12 @@ class VllmEngine:
         if h >= (head.num_tokens - 1) // B:
             return 1 << 62                   # no further block could ever hit
         k = 1 << 62
+        parent = head.seq.block_hashes[h - 1] if h else None
         for r, c in zip(sched.running, computed):
+            if cache.num_cached_blocks(r.seq) > h:
+                continue
             hashes = r.seq.block_hashes
-            if cache.num_cached_blocks(r.seq) <= h and (h == 0 or (len(hashes) >= h and hashes[h - 1] ==
-                                                                  head.seq.block_hashes[h - 1])):
+            if h == 0 or (len(hashes) >= h and hashes[h - 1] == parent):
                 k = min(k, (h + 1) * B - (c + 1 - lag))   # stop before r caches block h
         return k
 
