@@ -127,18 +127,28 @@ def releases_for(trace: Trace, mode: ReplayMode) -> Releases:
 
 
 # -- settings ------------------------------------------------------------------------------
-def scheduler_settings(policy: str, options: SimOptions, mode: ReplayMode):
-    """(settings, which defaults were taken) of ``policy``'s scheduler for these options."""
+def scheduler_settings(policy: str, options: SimOptions, mode: ReplayMode, trace: Trace | None = None):
+    """(settings, which defaults were taken) of ``policy``'s scheduler for these options.
+
+    Without a capacity, the "unlimited" pool is sized to hold every request of ``trace`` at once.
+    """
     from kvsim.sched.settings import sglang_settings, vllm_settings
 
+    need = None
+    if trace is not None and len(trace):
+        need = trace.prompt_lengths + np.maximum(trace.output_lengths, 1)
     if policy == "apc":
-        return vllm_settings(options, **mode.vllm)
+        B = int(options.block_size)
+        blocks = None if need is None else int((-(-need // B)).sum()) + 2
+        return vllm_settings(options, unlimited_blocks=blocks, **mode.vllm)
     extra = options.extra
     knobs = {"finish": extra.get("finish", "length"), "overlap": extra.get("overlap", True)}
     if "chunked_prefill_size" in extra:
         knobs["chunked_prefill_size"] = int(extra["chunked_prefill_size"])
     knobs.update(mode.sglang)
-    settings, note = sglang_settings(options, **knobs)
+    p = int(options.page_size)
+    tokens = None if need is None else int(-(-int((need + 2 * p + 2).sum()) // p) * p)
+    settings, note = sglang_settings(options, unlimited_tokens=tokens, **knobs)
     if "max_running_requests" not in mode.sglang:
         note += f"; max_running_requests {settings.max_running_requests} from the pool size"
     return settings, note
@@ -190,7 +200,7 @@ def run_concurrent(trace: Trace, policies: list[str], options: SimOptions, mode:
     inputs = engine_inputs(trace)
     runs: dict[str, ConcurrentRun] = {}
     for policy in policies:
-        settings, note = scheduler_settings(policy, options, mode)
+        settings, note = scheduler_settings(policy, options, mode, trace)
         t0 = time.perf_counter()
 
         def replay(s, label: str):

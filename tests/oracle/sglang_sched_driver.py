@@ -292,7 +292,7 @@ class Replay:
         # the fake model computes no logprobs: their bookkeeping is switched off while the
         # result is processed (scheduling reads return_logprob only for the match cap)
         asked = [(r, r.return_logprob) for r in batch.reqs]
-        batch.return_logprob = False
+        batch_asked, batch.return_logprob = batch.return_logprob, False
         for r, _ in asked:
             r.return_logprob = False
         try:
@@ -303,6 +303,7 @@ class Replay:
         finally:
             for r, flag in asked:
                 r.return_logprob = flag
+            batch.return_logprob = batch_asked
         step = batch.kvsim_step
         for req in batch.reqs:
             n_before, done_before = before[req.rid]
