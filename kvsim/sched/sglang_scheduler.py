@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.cache.radix.rules import CLIP_MAX_NEW_TOKENS, logprob_aborts
+from kvsim.cache.radix.rules import CLIP_MAX_NEW_TOKENS, logprob_aborts, max_prefix_len
 from kvsim.cache.radix.settings import FINISHES
 from kvsim.errors import ConfigError
 from kvsim.sched.clock import run_steps
@@ -108,6 +108,10 @@ class SglangRequest:
     def seq_len(self) -> int:
         """``len(origin_input_ids + output_ids)``: what a (re-)prefill computes."""
         return self.prompt_len + self.out_count
+
+    def max_prefix_len(self) -> int:
+        """``_compute_max_prefix_len``: ``seq_len - 1``, a logprob request at most its start."""
+        return max_prefix_len(self.seq_len, self.logprob_start_len)
 
 
 class Batch:
@@ -332,10 +336,8 @@ class SglangEngine:
             if running.batch_is_full:
                 break
             # init_next_round_input: match at most len - 1 tokens, a logprob request at
-            # most its logprob_start_len (_compute_max_prefix_len, radix.md §2.1)
-            limit = req.seq_len - 1 if self.max_match is None else self.max_match
-            if req.logprob_start_len >= 0:
-                limit = max(min(limit, req.logprob_start_len), 0)
+            # most its logprob_start_len (radix.md §2.1)
+            limit = req.max_prefix_len() if self.max_match is None else self.max_match
             self.cache.match(req.kv, req.seq_len, limit=limit)
             req.kv.protected = req.kv.prefix_len
             res = adder.add_one_req(req)
