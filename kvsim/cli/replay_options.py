@@ -24,6 +24,13 @@ StepSecondsOpt = Annotated[Optional[float], typer.Option(
 ArrivalsOpt = Annotated[str, typer.Option(
     "--arrivals", help="logged (as the log says) or closed-loop (a session's next turn waits for the previous "
     "reply, plus the logged gap as think time).", rich_help_panel=PANEL)]
+ServeReplayOpt = Annotated[str, typer.Option(
+    "--replay", help="sequential (each request served whole, at once) or timed (the engine's scheduler in "
+    "wall-clock time: requests share batches and queue, replies take the modelled time).",
+    rich_help_panel=PANEL)]
+CalibrationOpt = Annotated[Optional[str], typer.Option(
+    "--calibration", help="--replay timed: a gpu-validate calibration JSON for the cost of a step (default: the "
+    "roofline of --model on --gpu).", rich_help_panel=PANEL, show_default=False)]
 SpeedupOpt = Annotated[float, typer.Option(
     "--speedup", help="Divide logged arrival times by this (2 = twice the load).", rich_help_panel=PANEL)]
 # vLLM 0.33.0 (--policy apc)
