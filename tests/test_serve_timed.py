@@ -68,3 +68,15 @@ def test_the_record_replays_to_the_same_answers(server, capsys):
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["cached_tokens"] for r in rows] == [line["kvsim"]["cached_tokens"] for line in lines]
     assert [r["e2e_s"] for r in rows][0] == pytest.approx(4 * STEP)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--replay", "steps"], "choose sequential or timed"),
+    (["--replay", "timed", "--calibration", "c.json"], "needs a capacity"),
+    (["--replay", "timed", "--capacity", "4096"], "needs --model and --gpu"),
+    (["--calibration", "c.json"], "--calibration needs --replay timed"),
+])
+def test_bad_timed_options_exit_2(args, needle, capsys):
+    assert run(["serve", "--port", "0", "--tokenizer", "bytes", *args]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
