@@ -58,7 +58,7 @@ def test_steps_equal_sequential_when_arrivals_are_far_apart(tmp_path, capsys):
     assert (served["finish_step"] >= served["first_token_step"]).all() and (served["preemptions"] == 0).all()
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["mode"] == "steps"
-    assert summary["policies"]["radix"]["scheduler"]["schedule_policy"] == "lpm"
+    assert summary["policies"]["radix"]["scheduler"]["schedule_policy"] == "fcfs"  # SGLang 0.5.23's default
     assert "defaults" in summary["policies"]["apc"]["defaults"]
     assert summary["policies"]["apc"]["summary"]["steps"] > (w.n - 1) * FAR
 

@@ -52,7 +52,7 @@ AsyncSchedulingOpt = Annotated[Optional[bool], typer.Option(
 # SGLang 0.5.23 (--policy radix); --chunked-prefill-size and --disable-overlap-schedule are shared
 # with the sequential radix model
 SchedulePolicyOpt = Annotated[Optional[str], typer.Option(
-    "--schedule-policy", help="SGLang: lpm (default), dfs-weight, fcfs, lof or random.",
+    "--schedule-policy", help="SGLang: fcfs (0.5.23's default), lpm, dfs-weight, lof or random.",
     rich_help_panel=PANEL, show_default=False)]
 MaxPrefillTokensOpt = Annotated[Optional[int], typer.Option(
     "--max-prefill-tokens", help="SGLang: tokens per prefill batch (default 16384).", rich_help_panel=PANEL,

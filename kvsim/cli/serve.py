@@ -129,7 +129,7 @@ def serve(
         vllm=dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                   long_prefill_token_threshold=long_prefill_token_threshold, policy=scheduling_policy,
                   async_scheduling=async_scheduling),
-        sglang=dict(schedule_policy=schedule_policy or ("lpm" if replay == "timed" else None),
+        sglang=dict(schedule_policy=schedule_policy,
                     max_prefill_tokens=max_prefill_tokens, max_running_requests=max_running_requests,
                     random_seed=random_seed))
 
