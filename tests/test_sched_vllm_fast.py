@@ -1,8 +1,8 @@
 """The compiled block pool (``implementation="fast"``) equals the reference objects in the vLLM scheduler replay.
 
 Seeded workloads that chunk, preempt (tight memory), run async and sync, use the priority
-policy, the watermark, LoRA / cache-salt namespaces, exact sha256 keys, a model-length cap
-and prefix caching off: per request the same cached tokens, first-token and finish steps,
+policy, the watermark, LoRA / cache-salt namespaces, prompt-logprob requests, exact sha256
+keys, a model-length cap and prefix caching off: per request the same cached tokens, first-token and finish steps,
 preemptions and rejections, the same number of steps, and the same free queue at the end
 (block for block, in eviction order). The real vLLM scheduler is the oracle for both
 (``test_sched_vllm_oracle.py``).
@@ -34,7 +34,7 @@ CASES = [
     (33, LONG, 8, 1.2, dict(max_num_batched_tokens=128, max_num_seqs=32, long_prefill_token_threshold=32)),
     (34, dict(priorities=4, **LONG), 16, 1.0, dict(policy="priority", max_num_batched_tokens=256,
                                                    max_num_seqs=16)),
-    (35, dict(p_namespace=0.6, p_session=0.6), 16, 1.5, dict(max_num_batched_tokens=256, max_num_seqs=16,
+    (35, dict(p_namespace=0.6, p_session=0.6, p_logprob=0.2), 16, 1.5, dict(max_num_batched_tokens=256, max_num_seqs=16,
                                                               watermark=0.05)),
     (36, dict(p_namespace=0.5, **SHORT), 4, 1.0, dict(max_num_batched_tokens=64, max_num_seqs=8,
                                                       hash_algo="sha256", async_scheduling=False)),
@@ -48,7 +48,7 @@ CASES = [
 
 
 def _replay(w, settings):
-    engine = make_engine(settings, w.prompts, w.outputs, w.priority, w.loras, w.salts)
+    engine = make_engine(settings, w.prompts, w.outputs, w.priority, w.loras, w.salts, w.prompt_logprobs)
     steps, _ = run(engine, Releases.logged(w.arrival))
     return engine, steps
 

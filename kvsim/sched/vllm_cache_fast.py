@@ -25,7 +25,7 @@ class FastSequence:
 
     __slots__ = ("request_id", "num_prompt_tokens", "n", "off", "cap", "num_blocks", "num_cached",
                  "allocated", "tail", "every", "first", "exact", "cache", "num_computed_tokens",
-                 "planned_ids")
+                 "planned_ids", "skip_read")
 
     @property
     def block_hashes(self) -> np.ndarray:
@@ -60,9 +60,12 @@ class FastVllmKVCache:
 
     # -- requests ----------------------------------------------------------------------
     def new_sequence(self, request_id: str, prompt: Seq[int], lora: str | None = None,
-                     cache_salt: str | None = None, outputs: Seq[int] | None = None) -> FastSequence:
+                     cache_salt: str | None = None, outputs: Seq[int] | None = None,
+                     skip_reading_prefix_cache: bool = False) -> FastSequence:
         """A request; ``outputs``, the tokens it will sample if known, are hashed ahead (the
-        keys count once those tokens are appended; a different token drops the plan)."""
+        keys count once those tokens are appended; a different token drops the plan).
+        ``skip_reading_prefix_cache``: a prompt-logprob request, whose lookups always miss
+        (docs/engines/apc.md §2.1)."""
         B = self.block_size
         prompt = np.asarray(prompt)
         if prompt.dtype.kind not in "iu":
@@ -73,6 +76,7 @@ class FastVllmKVCache:
         seq.request_id, seq.num_prompt_tokens, seq.n, seq.cache = request_id, L, L, self
         seq.num_blocks = seq.num_cached = seq.num_computed_tokens = 0
         seq.allocated = False
+        seq.skip_read = skip_reading_prefix_cache
         seq.every, seq.first = self.hasher.fast_namespace_keys(lora, cache_salt)
         seq.cap = 0
         self._place(seq, (L + max_outputs) // B + 2)
@@ -200,7 +204,7 @@ class FastVllmKVCache:
     # -- the manager's operations ------------------------------------------------------
     def lookup(self, seq: FastSequence) -> tuple[np.ndarray, int]:
         """``get_computed_blocks``: cached full blocks, at most ``num_tokens - 1`` tokens."""
-        if not self.enable_caching:
+        if not self.enable_caching or seq.skip_read:
             return _NO_HITS, 0
         cap = (seq.n - 1) // self.block_size
         if len(self._hits) < cap:
