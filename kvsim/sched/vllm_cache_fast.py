@@ -3,9 +3,11 @@
 Same operations, same results as :class:`kvsim.sched.vllm_cache.VllmKVCache` (the
 reference adapter; ``tests/test_sched_vllm_fast.py`` checks them equal), without a Python
 object per block: block tables and block keys live in two arenas, a request holds a
-region of each. A request's prompt is hashed once at arrival; a sampled token is hashed
-when it fills a block (the fast hash; exact sha256 keys are vLLM's digests numbered in
-order of first appearance).
+region of each (released when it finishes; the arenas are compacted when full). A
+request's prompt, and the outputs it will sample when they are known (a replay's logged
+ones), are hashed once at arrival; a key counts once its tokens have been appended, and a
+sampled token off the plan is hashed when it fills a block (the fast hash; exact sha256
+keys are vLLM's digests numbered in order of first appearance).
 """
 from __future__ import annotations
 
