@@ -80,8 +80,23 @@ class Tokenizer(ABC):
         tokenized on its own."""
         return None
 
+    def joins(self, left: str, right: str) -> bool:
+        """Is ``encode(left + right)`` sure to be ``encode(left) + encode(right)``? (False
+        when that is not known.)"""
+        return False
+
     def _byte_lengths(self, ids: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+
+def _straddled(left: str, right: str, specials: tuple[str, ...]) -> bool:
+    """Could a special token of left + right span the place where they meet, or is there
+    one in ``right``?"""
+    longest = max(map(len, specials), default=0)
+    if longest == 0:
+        return False
+    window = left[max(0, len(left) - longest + 1):] + right[:longest - 1] if longest > 1 else ""
+    return any(s in window or s in right for s in specials)
 
 
 @functools.lru_cache(maxsize=64)
@@ -194,6 +209,45 @@ class TiktokenTokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._enc.decode(list(ids))
+
+    def joins(self, left: str, right: str) -> bool:
+        # encode() cuts the text at special tokens, then cuts each ordinary run with the
+        # encoding's pattern and encodes each match on its own (BPE within a match). So the
+        # ids of left + right are left's then right's when no special token spans the join,
+        # the pattern's matches over left's last ordinary run + right end exactly at the
+        # join and, before it, equal the matches over that run alone. After the join they
+        # are right's own matches: the pattern looks neither behind nor at the start of the
+        # text (checked once), and right ends where left + right does.
+        specials = self.split_first()
+        if not right or right[0].isspace() or _straddled(left, right, specials) or self._pattern is None:
+            return False
+        start = max((left.rfind(s) + len(s) for s in specials if s in left), default=0)
+        run = left[start:]
+        if not run:
+            return True  # left ends with a special token: encode() cuts there anyway
+        spans = []
+        for m in self._pattern.finditer(run + right):
+            if m.end() > len(run):
+                return False
+            spans.append(m.span())
+            if m.end() == len(run):
+                break
+        return spans == self._run_matches(run)
+
+    @functools.cached_property
+    def _pattern(self):
+        """The encoding's pattern (``regex``, which tiktoken requires), or None if it looks
+        behind or at the start of the text (a match could then depend on what precedes it)."""
+        pat = self._enc._pat_str
+        if re.search(r"\(\?<[=!]|\\[bBAGz]|(?<!\[)\^", pat):
+            return None
+        import regex
+
+        return regex.compile(pat)
+
+    @functools.lru_cache(maxsize=256)
+    def _run_matches(self, run: str) -> list[tuple[int, int]]:
+        return [m.span() for m in self._pattern.finditer(run)]
 
     def split_first(self) -> tuple[str, ...]:
         # encode(allowed_special="all") finds the next special token, encodes the ordinary
@@ -349,6 +403,10 @@ class BytesTokenizer(Tokenizer):
 
     def split_first(self) -> tuple[str, ...]:
         return tuple(self.special_token_ids)
+
+    def joins(self, left: str, right: str) -> bool:
+        # one id per byte between special tokens: only a special token across the join matters
+        return not _straddled(left, right, tuple(self.special_token_ids))
 
     def decode(self, ids: Iterable[int]) -> str:
         parts: list[str] = []
