@@ -167,10 +167,12 @@ class JsonRequestReader(Reader):
 
     # -- the compiled fast path -------------------------------------------------------------
     def read_scanned(self, src: Source, ctx: LoadContext, scan: Callable[[Any], Any],
-                     fast: Callable[[Any, Any, int, int, LoadContext], list[PendingRequest] | None]) -> bool:
+                     fast: Callable[[Any, Any, int, int, LoadContext], list[PendingRequest] | None],
+                     ahead: bool = False) -> bool:
         """Read ``src`` block by block: ``scan(block)`` gives each line's status (FAST, BLANK
         or declined) and bounds, ``fast(block, scanned, k, line, ctx)`` the requests of an
-        accepted line k (None: the general reader reads it). False (and nothing read) if the
+        accepted line k (None: the general reader reads it); with ``ahead`` the next block is
+        scanned on another thread meanwhile. False (and nothing read) if the
         first record is not one the fast path takes: the general reader then reads the whole
         file, so that its special cases for a first line (one pretty-printed JSON document)
         still apply."""
@@ -179,8 +181,7 @@ class JsonRequestReader(Reader):
         batch: list[PendingRequest] = []
         weight = 0
         started = False
-        for first_line, block in src.line_blocks():
-            scanned = scan(block)
+        for first_line, block, scanned in _scanned_blocks(src, scan, ahead):
             status = scanned.status
             for k in range(len(status)):
                 if ctx.full():
@@ -260,6 +261,27 @@ class JsonRequestReader(Reader):
             return dict(prompt_pieces=rendered, msg_roles=roles)
         whole = rendered.joined()
         return dict(prompt_text=whole.text, msg_chars=list(whole.message_starts_chars), msg_roles=roles)
+
+
+def _scanned_blocks(src: Source, scan: Callable[[Any], Any], ahead: bool):
+    """(first line, block, scan of the block) for each block of ``src``; with ``ahead`` each
+    block is copied out of the reader's buffer and scanned on the I/O pool while the caller
+    works on the one before."""
+    if not ahead:
+        for first, block in src.line_blocks():
+            yield first, block, scan(block)
+        return
+    from kvsim.io.workers import executor
+
+    pending = None
+    for first, block in src.line_blocks():
+        block = block.copy()
+        job = executor().submit(scan, block)
+        if pending is not None:
+            yield pending[0], pending[1], pending[2].result()
+        pending = (first, block, job)
+    if pending is not None:
+        yield pending[0], pending[1], pending[2].result()
 
 
 def message_text(content: Any, where: str, ctx: LoadContext) -> str:

@@ -124,7 +124,7 @@ class ChatReader(JsonRequestReader):
     def _read_fast(self, src: Source, ctx: LoadContext) -> bool:
         from kvsim.io.chat_scan import ChatScan
 
-        return self.read_scanned(src, ctx, ChatScan, self._fast_requests)
+        return self.read_scanned(src, ctx, ChatScan, self._fast_requests, ahead=True)
 
     def _fast_requests(self, block, scan, k: int, line: int, ctx: LoadContext) -> list[PendingRequest] | None:
         """The request of a scanned line, or None if the general reader must read it."""
