@@ -4,6 +4,7 @@ start for message start what rendering and tokenizing each whole prompt gives, a
 trace or the same error as the general reader on the same bytes."""
 from __future__ import annotations
 
+import gzip
 import json
 import tempfile
 from contextlib import contextmanager
@@ -201,13 +202,13 @@ def chat_lines(draw):
 @given(lines=st.lists(st.one_of(chat_lines(), st.sampled_from([b"", b" ", b"\xff", b"\xef\xbb\xbf{"])),
                       min_size=1, max_size=5),
        template=st.sampled_from(list(BUILTIN)), on_error=st.sampled_from(["fail", "skip"]),
-       limit=st.sampled_from([None, None, 2]))
-def test_scanner_and_general_reader_agree_on_any_bytes(lines, template, on_error, limit):
+       limit=st.sampled_from([None, None, 2]), gz=st.booleans())
+def test_scanner_and_general_reader_agree_on_any_bytes(lines, template, on_error, limit, gz):
     first = b'{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]}'
     data = b"\n".join([first, *lines]) + b"\n"
     with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "log.jsonl"
-        path.write_bytes(data)
+        path = Path(d) / ("log.jsonl.gz" if gz else "log.jsonl")
+        path.write_bytes(gzip.compress(data) if gz else data)
         kw = dict(format="chat", tokenizer="bytes", chat_template=template, on_error=on_error, limit=limit)
         fast, general = outcome(path, scanner=True, **kw), outcome(path, scanner=False, piecewise=False, **kw)
         if isinstance(fast, str) or isinstance(general, str):
