@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -198,8 +199,6 @@ def fast_hash_sequence(tokens, start_block, num_blocks, block_size, parent, ever
     """Hash blocks ``start_block .. start_block+num_blocks-1`` of one token array into ``out``
     (the compiled kernel, or :func:`fast_block_hash_py` for a few blocks before the kernels
     are loaded: the same keys, without compiling)."""
-    import sys
-
     if num_blocks * block_size > SMALL_TOKENS or "kvsim.cache.apc.hash_kernels" in sys.modules:
         from kvsim.cache.apc.hash_kernels import fast_hash_sequence as kernel
 
