@@ -140,7 +140,8 @@ def multi_turn_log(path: Path, sessions: int = 5, turns: int = 4) -> Path:
         for k in range(turns):
             history.append({"role": "user", "content": "".join(rng.choice(words, int(rng.integers(0, 30))))})
             reply = "".join(rng.choice(words, int(rng.integers(0, 30))))
-            lines.append({"messages": list(history), "response": reply, "session_id": f"s{s}", "timestamp": k})
+            lines.append({"messages": list(history), "response": reply, "session_id": f"s{s}", "timestamp": k,
+                          "arrival_step": 3 * k + s})
             history.append({"role": "assistant", "content": reply if k % 3 else f" {reply} "})
     path.write_text("".join(json.dumps(x, ensure_ascii=bool(i % 2)) + "\n" for i, x in enumerate(lines)))
     return path
@@ -185,7 +186,8 @@ def chat_lines(draw):
     members = [('"messages"', json.dumps(msgs, ensure_ascii=draw(st.booleans())))]
     for key, value in draw(st.lists(st.sampled_from([("response", '"fine"'), ("session_id", '"s1"'),
                                                      ("timestamp", "1.5"), ("max_tokens", "-1"),
-                                                     ("user", "3")]), max_size=3)):
+                                                     ("user", "3"), ("arrival_step", "4"),
+                                                     ("arrival_step", "-2")]), max_size=3)):
         members.append((f'"{key}"', value))
     for _ in range(draw(st.sampled_from([0, 0, 0, 1]))):
         members.append((draw(st.sampled_from(MESSAGE_KEYS)), json.dumps(msgs[:1])))
