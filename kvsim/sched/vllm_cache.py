@@ -12,9 +12,8 @@ from collections.abc import Sequence as Seq
 
 import numpy as np
 
-from kvsim.cache.apc import stepped
+from kvsim.cache.apc import rules
 from kvsim.cache.apc.reference import APCManager, BlockHasher, Sequence
-from kvsim.sched.vllm_cache_fast import FastVllmKVCache
 
 IMPLEMENTATIONS = ("fast", "reference")
 
@@ -144,7 +143,7 @@ class VllmKVCache:
     def cache_blocks(self, seq: Sequence, num_tokens: int) -> None:
         self.manager.cache_blocks(seq, num_tokens)
 
-    block_openings = staticmethod(stepped.block_openings)
+    block_openings = staticmethod(rules.block_openings)
 
     def decode_steps(self, seqs: list[Sequence], computed: list[int], k: int, lag: int) -> None:
         """``k`` decode steps of running requests at once, in vLLM's order of pool operations.
@@ -188,5 +187,8 @@ def make_kv_cache(implementation: str, num_gpu_blocks: int, block_size: int, wat
                   hash_algo: str = "fast", max_model_len: int = 1 << 62, enable_caching: bool = True):
     """The scheduler's cache: ``fast`` (compiled pool, the default) or ``reference`` (readable
     objects); the two give the same results (``tests/test_sched_vllm_fast.py``)."""
-    cls = {"fast": FastVllmKVCache, "reference": VllmKVCache}[implementation]
-    return cls(num_gpu_blocks, block_size, watermark, hash_algo, max_model_len, enable_caching)
+    if implementation == "fast":
+        from kvsim.sched.vllm_cache_fast import FastVllmKVCache   # loads numba: only when used
+
+        return FastVllmKVCache(num_gpu_blocks, block_size, watermark, hash_algo, max_model_len, enable_caching)
+    return VllmKVCache(num_gpu_blocks, block_size, watermark, hash_algo, max_model_len, enable_caching)

@@ -15,7 +15,8 @@ from collections.abc import Sequence as Seq
 
 import numpy as np
 
-from kvsim.cache.apc import hashing, stepped
+from kvsim.cache.apc import hashing, rules, stepped
+from kvsim.cache.apc.hash_kernels import fast_hash_sequence
 from kvsim.cache.apc.reference import BlockHasher, Sequence
 from kvsim.cache.apc.settings import PROFILES
 
@@ -87,7 +88,7 @@ class FastVllmKVCache:
         seq.planned_ids = None
         if self.hasher.algo == "fast":
             seq.exact = None
-            hashing.fast_hash_sequence(prompt, 0, nfull, B, np.uint64(hashing.FAST_ROOT), np.uint64(seq.every),
+            fast_hash_sequence(prompt, 0, nfull, B, np.uint64(hashing.FAST_ROOT), np.uint64(seq.every),
                                        np.uint64(seq.first), self.keys[seq.off:seq.off + nfull])
             if max_outputs:             # the blocks after the prompt's full ones, planned outputs included
                 planned = np.asarray(outputs, np.int64)
@@ -154,7 +155,7 @@ class FastVllmKVCache:
         self._room(seq, first_block + count + 2)
         o = seq.off + first_block
         parent = self.keys[o - 1] if first_block else np.uint64(hashing.FAST_ROOT)
-        hashing.fast_hash_sequence(tokens, 0, count, self.block_size, parent, np.uint64(seq.every),
+        fast_hash_sequence(tokens, 0, count, self.block_size, parent, np.uint64(seq.every),
                                    np.uint64(seq.first if first_block == 0 else 0), self.keys[o:o + count])
 
     def _exact_keys(self, seq: FastSequence, start: int) -> None:
@@ -268,7 +269,7 @@ class FastVllmKVCache:
         seq.num_cached = stepped.cache_full(p.key, p.dnext, p.dprev, p.tkeys, p.theads, self.tbl, self.keys,
                                             seq.off, seq.num_cached, seq.n // B, num_tokens, B)
 
-    block_openings = staticmethod(stepped.block_openings)
+    block_openings = staticmethod(rules.block_openings)
 
     def decode_steps(self, seqs: list[FastSequence], computed: list[int], k: int, lag: int) -> None:
         """``k`` decode steps of running requests at once, in vLLM's order of pool operations

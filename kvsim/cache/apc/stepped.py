@@ -190,12 +190,6 @@ def decode_steps(qnext, qprev, key, dnext, dprev, tkeys, theads, ref, st, tbl, k
                                            num_keys[r], c + 1 - lag, B)
 
 
-def block_openings(computed: int, k: int, block_size: int) -> int:
-    """New blocks a decoding request takes over ``k`` steps from ``computed`` tokens."""
-    first = (-computed) % block_size
-    return 0 if k <= first else 1 + (k - 1 - first) // block_size
-
-
 class StepPool:
     """The pool's arrays: ``num_blocks`` blocks, block 0 the null block (never handed out)."""
 
