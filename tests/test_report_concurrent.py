@@ -1,0 +1,57 @@
+"""The report's "Under load" section: it renders, its numbers are the scheduler models', and a
+log without timestamps gets one line instead."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvsim.cli import run
+
+TRACES = Path(__file__).resolve().parents[1] / "traces"
+
+
+def test_section_shows_the_concurrent_views_numbers(tmp_path, capsys):
+    """Hit rates in the caption are concurrent_view's at the report's capacity, arrivals sped up 4x."""
+    from kvsim import load_trace
+    from kvsim.replay.options import SimOptions
+    from kvsim.report import text as T
+    from kvsim.sched.step_cost import step_cost
+    from kvsim.sched.views import Arrivals, concurrent_view
+
+    out = tmp_path / "r.html"
+    assert run(["report", str(TRACES / "demo_mixture.jsonl"), "-o", str(out), "--capacity", "6000", "--limit", "60",
+                "--block-sizes", "16", "--speedup", "4"]) == 0
+    assert "concurrent replay (radix)" in capsys.readouterr().err     # progress names the phase
+    page = out.read_text(encoding="utf-8")
+    assert {"r_load_hit_rate.png", "r_ttft.png"} <= {p.name for p in tmp_path.glob("*.png")}
+    assert "Under load: concurrent replay" in page and 'id="fig-ttft"' in page
+    assert "roofline of llama-3-8b" in page and "not given: the report&#x27;s default" in page
+    assert "4x faster than logged" in page
+    trace = load_trace(TRACES / "demo_mixture.jsonl", limit=60)
+    arrivals = Arrivals("timed", speedup=4.0, cost=step_cost("llama-3-8b", "H100-80GB"))
+    options = SimOptions(capacity_tokens=6000, gpu="H100-80GB")
+    apc, radix = (concurrent_view(trace, options, p, arrivals=arrivals) for p in ("apc", "radix"))
+    assert (f"vLLM APC {T.pct(apc.sequential_hit_rate)} → {T.pct(apc.concurrent_hit_rate)}, SGLang radix "
+            f"{T.pct(radix.sequential_hit_rate)} → {T.pct(radix.concurrent_hit_rate)} with its default fcfs queue, "
+            f"{T.pct(radix.policy_hit_rates['lpm'])} with lpm") in page
+
+
+def test_a_log_without_timestamps_gets_one_line(tmp_path):
+    log = tmp_path / "no_time.jsonl"
+    rows = [json.loads(line) for line in (TRACES / "code_review.jsonl").open().readlines()[:20]]
+    log.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "timestamp"}) + "\n" for r in rows))
+    out = tmp_path / "r.html"
+    assert run(["report", str(log), "-o", str(out), "--block-sizes", "16"]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert "No concurrent view: not every request has a timestamp" in page
+    assert not list(tmp_path.glob("r_ttft.png")) and not list(tmp_path.glob("r_load_hit_rate.png"))
+
+
+@pytest.mark.parametrize("flag", ["--no-concurrent"])
+def test_no_concurrent_leaves_the_section_out(flag, tmp_path):
+    out = tmp_path / "r.html"
+    assert run(["report", str(TRACES / "rag.jsonl"), "-o", str(out), "--limit", "20", "--block-sizes", "16",
+                flag]) == 0
+    assert "Under load" not in out.read_text(encoding="utf-8")
