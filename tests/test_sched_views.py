@@ -153,3 +153,26 @@ def test_concurrent_columns_of_a_sweep_row():
     empty = concurrent_columns(Trace.from_prompts([[1, 2, 3]], output_lengths=[2]), options, "apc",
                                Arrivals("steps"))
     assert np.isnan(empty["concurrent_hit_rate"])
+
+
+@pytest.mark.parametrize("policy", ["apc", "radix"])
+def test_unlimited_pool_is_sized_to_hold_the_whole_trace(policy):
+    """Sized to the trace's footprint, the unlimited pool replays as any larger pool does."""
+    import dataclasses
+
+    from kvsim.sched.clock import Releases
+    from kvsim.sched.timed import replay_steps
+    from kvsim.sched.views import Arrivals, _Workload, scheduler_settings
+
+    trace = shared_prefix_trace(gap=0.0, n=30)
+    sized, _ = scheduler_settings(policy, SimOptions(capacity_tokens=float("inf")), trace)
+    big, _ = scheduler_settings(policy, SimOptions(capacity_tokens=200_000))
+    if policy == "radix":
+        assert sized.capacity < 30 * 450 < big.capacity
+        big = dataclasses.replace(big, max_running_requests=sized.max_running_requests)
+    else:
+        assert sized.num_gpu_blocks * 16 < 30 * 460 < big.num_gpu_blocks * 16
+    work = _Workload(trace, Arrivals("steps"), None)
+    a, b = work.run(sized), work.run(big)
+    for field in ("cached_tokens", "first_token_step", "finish_step", "preemptions"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field))

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from kvsim.cli.app import app, console
+from kvsim.cli.concurrent_options import ArrivalFromOpt, ReplayOpt, SpeedupOpt, StepSecondsOpt
 from kvsim.cli.options import (
     DEFAULT,
     BlockSizeListOpt,
@@ -14,6 +15,7 @@ from kvsim.cli.options import (
     EngineVersionOpt,
     EvictionListOpt,
     FormatOpt,
+    GpuOpt,
     LimitOpt,
     LogPaths,
     ModelOpt,
@@ -61,6 +63,14 @@ def sweep(
         "--html", help="Also write the HTML report with this sweep's curves (PNGs next to it), as kvsim report.",
         rich_help_panel=_OUT, show_default=False)] = None,
     warmup: WarmupOpt = None,
+    replay_mode: ReplayOpt = "sequential",
+    arrival_from: ArrivalFromOpt = "step",
+    step_seconds: StepSecondsOpt = 0.05,
+    speedup: SpeedupOpt = 1.0,
+    gpu: GpuOpt = None,
+    calibration: Annotated[Optional[Path], typer.Option(
+        "--calibration", help="--replay timed: a gpu-validate calibration JSON as the step cost.",
+        rich_help_panel="Under load (concurrent replay)", show_default=False)] = None,
     fmt: FormatOpt = "auto",
     tokenizer: TokenizerOpt = "cl100k_base",
     chat_template: TemplateOpt = "llama3",
@@ -75,7 +85,10 @@ def sweep(
     tokens / prompt tokens of admitted requests. With --curve, a one-pass stack-distance model
     gives the whole hit-rate-vs-capacity curve of each LRU-like setting; its error against the
     exact replays is shown per row. Every row also shows the optimum: the most any cache of that
-    size could hit, knowing the future, under the engine's rules.
+    size could hit, knowing the future, under the engine's rules. With --replay steps or timed,
+    each row is also replayed as the log arrived through the engine's scheduler model (vLLM
+    0.33.0, SGLang 0.5.23) at the same capacity: its hit rate under load, preemptions, and with
+    timed the TTFT p50/p90 (step cost: --model on --gpu, or --calibration).
     """
     from kvsim.errors import ConfigError
     from kvsim.outputs import check_output_path
@@ -98,6 +111,7 @@ def sweep(
         raise ConfigError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     if curve_points < 2:
         raise ConfigError(f"--curve-points must be at least 2, got {curve_points}")
+    arrivals = _arrivals(replay_mode, arrival_from, step_seconds, speedup, model, gpu, calibration, engine_version)
     runner = make_executor(executor, jobs)
     for out in (csv_out, json_out, html):
         if out is not None:
@@ -110,10 +124,14 @@ def sweep(
     from kvsim.sweep.run import sweep_json
 
     trace = load_from_cli(logs, fmt, tokenizer, chat_template, trace_block_size, on_error, limit)
+    if arrivals is not None and arrivals.missing(trace) is not None:
+        raise ConfigError(f"--replay {replay_mode}: {arrivals.missing(trace)}")
     options = {} if engine_version is None else {"engine_version": engine_version}
+    if gpu is not None:
+        options["gpu"] = gpu
     result = run(trace, names, capacity, block_size, page_size, eviction, model=model, jobs=jobs,
                  executor=runner, curves=curve, curve_points=curve_points, progress=True, warmup=window,
-                 **options)
+                 concurrent=arrivals, **options)
     render_sweep(console, result)
     if csv_out is not None:
         from kvsim.outputs import write_text_atomic
@@ -125,7 +143,10 @@ def sweep(
 
         settings = {"policy": names, "capacity": capacity, "block_size": block_size, "page_size": page_size,
                     "eviction_policy": eviction, "model": model, "engine_version": engine_version,
-                    "executor": executor, "jobs": jobs, "warmup": warmup}
+                    "executor": executor, "jobs": jobs, "warmup": warmup, "replay": replay_mode, "gpu": gpu}
+        if arrivals is not None:
+            settings.update({"arrival_from": arrival_from, "step_seconds": step_seconds, "speedup": speedup,
+                             "under_load": arrivals.describe()})
         write_json(json_out, sweep_json(trace, result, settings))
         console.print(f"sweep written to {json_out}")
     if html is not None:
@@ -133,3 +154,23 @@ def sweep(
 
         html_report(html, trace, logs, sweep_report_options(block_size, page_size, eviction, engine_version,
                                                             model, jobs, window), sweep_result=result)
+
+
+def _arrivals(replay_mode: str, arrival_from: str, step_seconds: float, speedup: float, model: str | None,
+              gpu: str | None, calibration: Path | None, engine_version: str | None):
+    """The concurrent replay the options ask for (None: --replay sequential); bad options fail here."""
+    from kvsim.errors import ConfigError
+    from kvsim.sched.views import REPLAYS, Arrivals
+
+    if replay_mode == "sequential":
+        return None
+    if replay_mode not in REPLAYS:
+        raise ConfigError(f"--replay must be sequential, steps or timed, got {replay_mode!r}")
+    if engine_version is not None and not str(engine_version).startswith("0.33"):
+        raise ConfigError("--replay steps|timed models vLLM 0.33.0's scheduler; drop --engine-version")
+    cost = None
+    if replay_mode == "timed":
+        from kvsim.sched.step_cost import step_cost
+
+        cost = step_cost(model, gpu, None if calibration is None else str(calibration))
+    return Arrivals(replay_mode, arrival_from, step_seconds, speedup, cost)

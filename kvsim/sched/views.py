@@ -23,6 +23,7 @@ import numpy as np
 
 from kvsim.errors import ConfigError
 from kvsim.io.trace import Trace
+from kvsim.models import apc_num_gpu_blocks, radix_max_total_tokens
 from kvsim.replay.options import SimOptions
 from kvsim.sched.clock import Releases
 from kvsim.sched.settings import sglang_settings, vllm_settings
@@ -147,13 +148,31 @@ class _Workload:
         return hit_rate(steps.cached_tokens, self.lengths, self.counted(steps))
 
 
-def scheduler_settings(policy: str, options: SimOptions):
-    """The scheduler model's settings for ``policy`` at ``options``' capacity, and where the defaults come from."""
+def scheduler_settings(policy: str, options: SimOptions, trace: Trace | None = None):
+    """The scheduler model's settings for ``policy`` at ``options``' capacity, and where the defaults come from.
+
+    With an unlimited capacity and ``trace`` given, the pool is sized to hold every request of
+    the trace at once (nothing is ever evicted or short, as unlimited), not the models' nominal
+    64M tokens, whose allocation alone takes seconds.
+    """
+    if policy not in ("apc", "radix"):
+        raise ConfigError(f"no scheduler model for policy {policy!r} (apc or radix)")
+    unlimited = (apc_num_gpu_blocks(options) if policy == "apc" else radix_max_total_tokens(options)) is None
     if policy == "apc":
+        if unlimited and trace is not None:
+            options = dataclasses.replace(options, num_gpu_blocks=_footprint(trace, options.block_size) // options.block_size + 1)
         return vllm_settings(options)
-    if policy == "radix":
-        return sglang_settings(options)
-    raise ConfigError(f"no scheduler model for policy {policy!r} (apc or radix)")
+    if unlimited and trace is not None:
+        nominal = sglang_settings(options)[0]
+        options = dataclasses.replace(options, max_total_tokens=_footprint(trace, options.page_size))
+        return sglang_settings(options, max_running_requests=nominal.max_running_requests)
+    return sglang_settings(options)
+
+
+def _footprint(trace: Trace, unit: int) -> int:
+    """Tokens of every request's prompt and reply together, each rounded up to whole ``unit``s."""
+    total = trace.prompt_lengths.astype(np.int64) + np.maximum(trace.output_lengths.astype(np.int64), 1)
+    return int((-(-total // unit) * unit).sum()) + unit
 
 
 def concurrent_view(trace: Trace, options: SimOptions, policy: str, cost=None,
@@ -176,7 +195,7 @@ def concurrent_view(trace: Trace, options: SimOptions, policy: str, cost=None,
 
         sequential = replay(policy, trace, options)
     work = _Workload(trace, arrivals, measured)
-    settings, note = scheduler_settings(policy, options)
+    settings, note = scheduler_settings(policy, options, trace)
     seq_rate = hit_rate(sequential.cached_tokens, work.lengths, ~sequential.rejected & work.measured)
     timed = arrivals.replay == "timed"
     view = ConcurrentView(policy, arrivals.replay, seq_rate, 0.0, notes=[note, arrivals.describe()])
@@ -225,7 +244,7 @@ def concurrent_columns(trace: Trace, options: SimOptions, policy: str, arrivals:
     if arrivals.missing(trace) is not None:
         return out
     work = _Workload(trace, arrivals, measured)
-    settings, _ = scheduler_settings(policy, options)
+    settings, _ = scheduler_settings(policy, options, trace)
     result = work.run(settings)
     steps = result.steps if arrivals.replay == "timed" else result
     served = work.counted(steps)
