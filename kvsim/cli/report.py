@@ -133,7 +133,7 @@ def report(
 
 
 def sweep_report_options(block_size: str, page_size: str, eviction: str, engine_version: str | None,
-                         model: str | None, jobs: int | None, warmup: Any = None) -> Any:
+                         model: str | None, jobs: int | None, warmup: Any = None, speedup: float = 1.0) -> Any:
     """The report settings of ``kvsim sweep --html``: the first block size, page size and
     eviction policy of the grid are the report's engine settings."""
     from kvsim.replay.options import SimOptions
@@ -143,4 +143,4 @@ def sweep_report_options(block_size: str, page_size: str, eviction: str, engine_
     sim = SimOptions(block_size=parse_ints(block_size, "--block-size")[0],
                      page_size=parse_ints(page_size, "--page-size")[0],
                      eviction_policy=parse_eviction_policies(eviction)[0], engine_version=engine_version)
-    return ReportOptions(sim=sim, model=model, jobs=jobs, warmup=warmup)
+    return ReportOptions(sim=sim, model=model, jobs=jobs, warmup=warmup, speedup=speedup)

@@ -153,7 +153,7 @@ def sweep(
         from kvsim.cli.report import html_report, sweep_report_options
 
         html_report(html, trace, logs, sweep_report_options(block_size, page_size, eviction, engine_version,
-                                                            model, jobs, window), sweep_result=result)
+                                                            model, jobs, window, speedup), sweep_result=result)
 
 
 def _arrivals(replay_mode: str, arrival_from: str, step_seconds: float, speedup: float, model: str | None,

@@ -68,7 +68,7 @@ def concurrent_section(trace: Any, sim: Any, runs: dict[str, Any], opts: Any,
     views = {}
     for p in POLICIES:
         say(f"concurrent replay ({p}): timed, with and without prefix caching"
-            + (", lpm and fcfs" if p == "radix" else ""))
+            + (", lpm and fcfs" if p == "radix" else "") + " (--no-concurrent skips it)")
         views[p] = concurrent_view(trace, view_sim, p, arrivals=arrivals, sequential=runs[p], measured=measured,
                                    progress=True)
     pace = "as logged" if opts.speedup == 1 else f"{opts.speedup:g}x faster than logged (--speedup)"
@@ -145,5 +145,7 @@ def _numbers(view: Any) -> dict[str, Any]:
 def _ms(seconds: float) -> str:
     if not np.isfinite(seconds):
         return "-"
+    if seconds >= 10:
+        return f"{seconds:,.1f} s"
     ms = seconds * 1e3
     return f"{ms:,.0f} ms" if ms >= 100 else f"{ms:.1f} ms"
