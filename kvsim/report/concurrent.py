@@ -89,18 +89,26 @@ def _cap(result: Any) -> float:
     return float("inf") if c is None else float(c)
 
 
+def _orders(radix: Any) -> tuple[str, str]:
+    """SGLang's queue order in the concurrent run (its default) and the other one shown."""
+    first = radix.schedule_policy
+    return first, next(o for o in radix.policy_hit_rates if o != first)
+
+
 def _hit_chart(views: dict[str, Any], chart: Callable) -> Chart:
     apc, radix = views["apc"], views["radix"]
+    default, other = _orders(radix)
     bars = [{"policy": "apc", "label": "APC\none at a time", "hit_rate": apc.sequential_hit_rate, "sequential": True},
             {"policy": "apc", "label": "APC\nunder load", "hit_rate": apc.concurrent_hit_rate},
             {"policy": "radix", "label": "radix\none at a time", "hit_rate": radix.sequential_hit_rate,
              "sequential": True},
-            {"policy": "radix", "label": "radix under load\nfcfs (default)", "hit_rate": radix.policy_hit_rates["fcfs"]},
-            {"policy": "radix", "label": "radix under load\nlpm", "hit_rate": radix.policy_hit_rates["lpm"]}]
+            {"policy": "radix", "label": f"radix under load\n{default} (default)",
+             "hit_rate": radix.policy_hit_rates[default]},
+            {"policy": "radix", "label": f"radix under load\n{other}", "hit_rate": radix.policy_hit_rates[other]}]
     caption = (f"Token hit rate at the same capacity, one request at a time and as the log arrived: vLLM APC "
                f"{T.pct(apc.sequential_hit_rate)} → {T.pct(apc.concurrent_hit_rate)}, SGLang radix "
-               f"{T.pct(radix.sequential_hit_rate)} → {T.pct(radix.concurrent_hit_rate)} with its default fcfs "
-               f"queue, {T.pct(radix.policy_hit_rates['lpm'])} with lpm.")
+               f"{T.pct(radix.sequential_hit_rate)} → {T.pct(radix.concurrent_hit_rate)} with its default {default} "
+               f"queue, {T.pct(radix.policy_hit_rates[other])} with {other}.")
     return chart("load_hit_rate", F.load_hit_chart(bars), caption,
                  "Bar chart of token hit rate, sequential and concurrent replay, per policy")
 
@@ -123,12 +131,13 @@ def _table(views: dict[str, Any]) -> Table:
     rows = []
     for p, v in views.items():
         on, off = v.ttft_percentiles(True), v.ttft_percentiles(False)
-        label = F.POLICY_NAMES[p] + (" (fcfs)" if p == "radix" else "")
+        label = F.POLICY_NAMES[p] + (f" ({v.schedule_policy})" if p == "radix" else "")
         rows.append([label, T.pct(v.sequential_hit_rate), T.pct(v.concurrent_hit_rate),
                      *(f"{_ms(on[q])} ({_ms(off[q])})" for q in (50, 90, 99)), f"{v.preemptions:,}",
                      f"{v.served:,}" + (f" ({v.rejected:,} never fit)" if v.rejected else "")])
     radix = views["radix"]
-    rows.append(["SGLang radix (lpm)", T.pct(radix.sequential_hit_rate), T.pct(radix.policy_hit_rates["lpm"]),
+    other = _orders(radix)[1]
+    rows.append([f"SGLang radix ({other})", T.pct(radix.sequential_hit_rate), T.pct(radix.policy_hit_rates[other]),
                  "", "", "", "", ""])
     return Table("Sequential vs concurrent replay at the same capacity; TTFT with prefix caching (without)",
                  ["policy", "hit rate, one at a time", "hit rate, under load", "TTFT p50", "TTFT p90", "TTFT p99",

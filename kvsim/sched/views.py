@@ -100,6 +100,7 @@ class ConcurrentView:
     ttft_cached: np.ndarray | None = None       # seconds, per served (measured) request, timed mode
     ttft_uncached: np.ndarray | None = None
     policy_hit_rates: dict[str, float] = field(default_factory=dict)   # radix: fcfs / lpm
+    schedule_policy: str | None = None          # radix: the queue order of the concurrent run
     preemptions: int = 0                        # vLLM preemptions / SGLang retractions, concurrent run
     served: int = 0
     rejected: int = 0
@@ -225,6 +226,7 @@ def concurrent_view(trace: Trace, options: SimOptions, policy: str, cost=None,
         view.ttft_cached = first.ttft[served]
         view.ttft_uncached = results["without prefix caching"].ttft[served]
     if policy == "radix":
+        view.schedule_policy = settings.schedule_policy
         for o in RADIX_ORDERS:
             r = results["concurrent" if o == settings.schedule_policy else f"schedule policy {o}"]
             view.policy_hit_rates[o] = work.hit_rate(r.steps if timed else r)
