@@ -129,7 +129,7 @@ def test_progress_reports_every_request_finished_and_changes_nothing():
     from kvsim.sched.views import Arrivals, _Workload
 
     trace = shared_prefix_trace(gap=0.0, n=20)
-    work = _Workload(trace, Arrivals("steps"), None)
+    work = _Workload(trace, Arrivals("steps", "timestamp", 0.05), None)
     settings, _ = sglang_settings(SimOptions(capacity_tokens=20_000))
     seen = []
     watched = work.run(settings, progress=lambda done, total: seen.append((done, total)))
@@ -172,7 +172,27 @@ def test_unlimited_pool_is_sized_to_hold_the_whole_trace(policy):
         big = dataclasses.replace(big, max_running_requests=sized.max_running_requests)
     else:
         assert sized.num_gpu_blocks * 16 < 30 * 460 < big.num_gpu_blocks * 16
-    work = _Workload(trace, Arrivals("steps"), None)
+    work = _Workload(trace, Arrivals("steps", "timestamp", 0.05), None)
     a, b = work.run(sized), work.run(big)
     for field in ("cached_tokens", "first_token_step", "finish_step", "preemptions"):
         np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+
+
+def test_arrivals_follow_simulates_options():
+    """--arrival-from / --step-seconds / --speedup as kvsim simulate reads them."""
+    from types import SimpleNamespace
+
+    from kvsim.errors import ConfigError
+    from kvsim.sched.views import Arrivals
+
+    cost = step_cost("llama-3-8b", "H100-80GB")
+    log = SimpleNamespace(arrival=np.array([10.0, 10.2, 11.0]), arrival_step=np.array([0, 4, 20]))
+    assert Arrivals("steps").releases(log).at.tolist() == [0, 4, 20]
+    assert Arrivals("steps", "timestamp", 0.1).releases(log).at.tolist() == [0, 2, 10]
+    assert Arrivals("steps", "timestamp", 0.1, speedup=2).releases(log).at.tolist() == [0, 1, 5]
+    assert Arrivals("timed", "step", 0.5, cost=cost).releases(log).at.tolist() == [0.0, 2.0, 10.0]
+    assert Arrivals("timed", speedup=2, cost=cost).releases(log).at.tolist() == pytest.approx([5.0, 5.1, 5.5])
+    with pytest.raises(ConfigError, match="needs --step-seconds"):
+        Arrivals("steps", "timestamp")
+    with pytest.raises(ConfigError, match="needs a step-cost model"):
+        Arrivals("timed")

@@ -59,7 +59,10 @@ def test_no_curve(log, capsys):
     (["-c", "1e5", "-p", "apc,nope"], "unknown policy"),
     (["-c", "1e5", "--replay", "later"], "--replay must be"),
     (["-c", "1e5", "--replay", "timed"], "--replay timed needs --model and --gpu"),
-    (["-c", "1e5", "--replay", "steps", "--arrival-from", "timestamp"], "not every request has a timestamp"),
+    (["-c", "1e5", "--replay", "steps"], "not every request has an arrival_step"),
+    (["-c", "1e5", "--replay", "steps", "--arrival-from", "timestamp"], "needs --step-seconds"),
+    (["-c", "1e5", "--replay", "steps", "--arrival-from", "timestamp", "--step-seconds", "1"],
+     "not every request has a timestamp"),
     (["-c", "1e5", "--replay", "steps", "--arrival-from", "timestamp", "--step-seconds", "0"], "--step-seconds"),
     (["-c", "1e5", "--replay", "steps", "--speedup", "-1"], "--speedup must be positive"),
 ])

@@ -15,12 +15,12 @@ ReplayOpt = Annotated[str, typer.Option(
     "--replay", help="sequential (only the exact sequential replays), or also the scheduler models under load: "
     "steps (a step clock) or timed (a step-cost model: --model and --gpu, or --calibration).",
     rich_help_panel=_LOAD)]
-ArrivalFromOpt = Annotated[str, typer.Option(
-    "--arrival-from", help="--replay steps: each request's arrival_step field (step), or its timestamp "
-    "converted with --step-seconds (timestamp).", rich_help_panel=_LOAD)]
-StepSecondsOpt = Annotated[float, typer.Option(
-    "--step-seconds", help="--arrival-from timestamp: seconds of log time per scheduler step.",
-    rich_help_panel=_LOAD)]
+ArrivalFromOpt = Annotated[Optional[str], typer.Option(
+    "--arrival-from", help="step (the log's integer arrival_step; default for steps) or timestamp (default for "
+    "timed; with steps it needs --step-seconds).", rich_help_panel=_LOAD, show_default=False)]
+StepSecondsOpt = Annotated[Optional[float], typer.Option(
+    "--step-seconds", help="Log seconds per engine step (steps with --arrival-from timestamp), or seconds per "
+    "logged step (timed with --arrival-from step).", rich_help_panel=_LOAD, show_default=False)]
 SpeedupOpt = Annotated[float, typer.Option(
     "--speedup", help="Replay the logged arrivals this many times faster (more load).", rich_help_panel=_LOAD)]
 ConcurrentOpt = Annotated[bool, typer.Option(

@@ -64,8 +64,8 @@ def sweep(
         rich_help_panel=_OUT, show_default=False)] = None,
     warmup: WarmupOpt = None,
     replay_mode: ReplayOpt = "sequential",
-    arrival_from: ArrivalFromOpt = "step",
-    step_seconds: StepSecondsOpt = 0.05,
+    arrival_from: ArrivalFromOpt = None,
+    step_seconds: StepSecondsOpt = None,
     speedup: SpeedupOpt = 1.0,
     gpu: GpuOpt = None,
     calibration: Annotated[Optional[Path], typer.Option(
@@ -156,7 +156,8 @@ def sweep(
                                                             model, jobs, window, speedup), sweep_result=result)
 
 
-def _arrivals(replay_mode: str, arrival_from: str, step_seconds: float, speedup: float, model: str | None,
+def _arrivals(replay_mode: str, arrival_from: str | None, step_seconds: float | None, speedup: float,
+              model: str | None,
               gpu: str | None, calibration: Path | None, engine_version: str | None):
     """The concurrent replay the options ask for (None: --replay sequential); bad options fail here."""
     from kvsim.errors import ConfigError

@@ -38,57 +38,73 @@ PROGRESS_FROM = 1000            # requests: below this, a replay takes about a s
 
 @dataclass(frozen=True)
 class Arrivals:
-    """How the log's arrivals become releases (``--replay``, ``--arrival-from``, ``--step-seconds``,
-    ``--speedup``); ``cost`` is the step-cost model of ``--replay timed``."""
+    """How the log's arrivals become releases, as ``kvsim simulate``'s options say.
+
+    ``arrival_from`` (``--arrival-from``; None: ``step`` for steps, ``timestamp`` for timed):
+    ``step`` reads each request's ``arrival_step`` (timed: times ``step_seconds``),
+    ``timestamp`` its logged time (steps: one step per ``step_seconds`` of log time).
+    ``speedup`` divides the arrival times; ``cost`` is the step-cost model of ``--replay timed``.
+    """
 
     replay: str = "timed"
-    arrival_from: str = "timestamp"
-    step_seconds: float = DEFAULT_STEP_SECONDS
+    arrival_from: str | None = None
+    step_seconds: float | None = None
     speedup: float = 1.0
     cost: Any = None
 
     def __post_init__(self) -> None:
         if self.replay not in REPLAYS:
             raise ConfigError(f"--replay must be one of {', '.join(REPLAYS)} here, got {self.replay!r}")
+        if self.arrival_from is None:
+            object.__setattr__(self, "arrival_from", "step" if self.replay == "steps" else "timestamp")
         if self.arrival_from not in ARRIVALS_FROM:
             raise ConfigError(f"--arrival-from must be step or timestamp, got {self.arrival_from!r}")
         if not self.speedup > 0:
             raise ConfigError(f"--speedup must be positive, got {self.speedup}")
-        if not self.step_seconds > 0:
+        if self.step_seconds is not None and not self.step_seconds > 0:
             raise ConfigError(f"--step-seconds must be positive, got {self.step_seconds}")
+        if self.converts and self.step_seconds is None:
+            raise ConfigError(f"--replay {self.replay} --arrival-from {self.arrival_from} needs --step-seconds")
         if self.replay == "timed" and self.cost is None:
             raise ConfigError("--replay timed needs a step-cost model (--model and --gpu, or --calibration)")
+
+    @property
+    def converts(self) -> bool:
+        """Whether arrivals change unit (seconds to steps, or steps to seconds) by ``step_seconds``."""
+        return (self.replay == "steps") != (self.arrival_from == "step")
 
     def missing(self, trace: Trace) -> str | None:
         """Why the log cannot be replayed this way (one line), or None when it can."""
         if len(trace) == 0:
             return "the log is empty"
-        if self.replay == "steps" and self.arrival_from == "step":
+        if self.arrival_from == "step":
             steps = getattr(trace, "arrival_step", None)
             if steps is None or (np.asarray(steps) < 0).any():
                 return ("not every request has an arrival_step "
-                        "(use --arrival-from timestamp --step-seconds S for logged timestamps)")
+                        "(use --arrival-from timestamp for logged timestamps)")
             return None
         if not np.isfinite(trace.arrival).all():
             return "not every request has a timestamp"
         return None
 
     def releases(self, trace: Trace) -> Releases:
-        if self.replay == "steps" and self.arrival_from == "step":
-            return Releases.logged(np.asarray(trace.arrival_step, np.int64))
+        if self.arrival_from == "step":
+            steps = np.asarray(trace.arrival_step, np.int64)
+            if self.replay == "steps":
+                return Releases.logged(steps if self.speedup == 1 else np.floor(steps / self.speedup).astype(np.int64))
+            return Releases.logged(steps * self.step_seconds / self.speedup)
         seconds = trace.arrival / self.speedup
         if self.replay == "timed":
             return Releases.logged(seconds)
         return Releases.logged(Releases.steps_from_seconds(seconds, self.step_seconds))
 
     def describe(self) -> str:
+        pace = "" if self.speedup == 1 else f", {self.speedup:g}x faster than logged"
+        source = ("arrival_step" if self.arrival_from == "step" else "timestamps")
+        unit = f" ({self.step_seconds:g} s per step)" if self.converts else ""
         if self.replay == "timed":
-            pace = "as logged" if self.speedup == 1 else f"{self.speedup:g}x faster than logged"
-            return f"timed replay, arrivals {pace}, step cost: {self.cost.describe()}"
-        if self.arrival_from == "step":
-            return "step clock, arrivals from arrival_step"
-        pace = "" if self.speedup == 1 else f", timestamps sped up {self.speedup:g}x"
-        return f"step clock, {self.step_seconds:g} s of log time per step{pace}"
+            return f"timed replay, arrivals from {source}{unit}{pace}, step cost: {self.cost.describe()}"
+        return f"step clock, arrivals from {source}{unit}{pace}"
 
 
 @dataclass
@@ -188,7 +204,8 @@ def concurrent_view(trace: Trace, options: SimOptions, policy: str, cost=None,
     out); ``progress``: a bar per replay on long logs.
     """
     if arrivals is None:
-        arrivals = Arrivals("timed" if cost is not None else "steps", "timestamp", step_seconds, speedup, cost)
+        arrivals = Arrivals("timed" if cost is not None else "steps", "timestamp",
+                            None if cost is not None else step_seconds, speedup, cost)
     if arrivals.missing(trace) is not None:
         return None
     if sequential is None:
