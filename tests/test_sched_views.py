@@ -186,12 +186,12 @@ def test_arrivals_follow_simulates_options():
     from kvsim.sched.views import Arrivals
 
     cost = step_cost("llama-3-8b", "H100-80GB")
-    log = SimpleNamespace(arrival=np.array([10.0, 10.2, 11.0]), arrival_step=np.array([0, 4, 20]))
+    log = SimpleNamespace(arrival=np.array([10.0, 10.25, 11.0]), arrival_step=np.array([0, 4, 20]))
     assert Arrivals("steps").releases(log).at.tolist() == [0, 4, 20]
-    assert Arrivals("steps", "timestamp", 0.1).releases(log).at.tolist() == [0, 2, 10]
-    assert Arrivals("steps", "timestamp", 0.1, speedup=2).releases(log).at.tolist() == [0, 1, 5]
+    assert Arrivals("steps", "timestamp", 0.125).releases(log).at.tolist() == [0, 2, 8]
+    assert Arrivals("steps", "timestamp", 0.125, speedup=2).releases(log).at.tolist() == [0, 1, 4]
     assert Arrivals("timed", "step", 0.5, cost=cost).releases(log).at.tolist() == [0.0, 2.0, 10.0]
-    assert Arrivals("timed", speedup=2, cost=cost).releases(log).at.tolist() == pytest.approx([5.0, 5.1, 5.5])
+    assert Arrivals("timed", speedup=2, cost=cost).releases(log).at.tolist() == [5.0, 5.125, 5.5]
     with pytest.raises(ConfigError, match="needs --step-seconds"):
         Arrivals("steps", "timestamp")
     with pytest.raises(ConfigError, match="needs a step-cost model"):
