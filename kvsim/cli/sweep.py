@@ -143,10 +143,10 @@ def sweep(
 
         settings = {"policy": names, "capacity": capacity, "block_size": block_size, "page_size": page_size,
                     "eviction_policy": eviction, "model": model, "engine_version": engine_version,
-                    "executor": executor, "jobs": jobs, "warmup": warmup, "replay": replay_mode, "gpu": gpu}
-        if arrivals is not None:
-            settings.update({"arrival_from": arrival_from, "step_seconds": step_seconds, "speedup": speedup,
-                             "under_load": arrivals.describe()})
+                    "executor": executor, "jobs": jobs, "warmup": warmup}
+        if arrivals is not None:    # (a sequential sweep's JSON stays as it was)
+            settings.update({"replay": replay_mode, "gpu": gpu, "arrival_from": arrivals.arrival_from,
+                             "step_seconds": step_seconds, "speedup": speedup, "under_load": arrivals.describe()})
         write_json(json_out, sweep_json(trace, result, settings))
         console.print(f"sweep written to {json_out}")
     if html is not None:
