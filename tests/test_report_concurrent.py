@@ -55,3 +55,21 @@ def test_no_concurrent_leaves_the_section_out(flag, tmp_path):
     assert run(["report", str(TRACES / "rag.jsonl"), "-o", str(out), "--limit", "20", "--block-sizes", "16",
                 flag]) == 0
     assert "Under load" not in out.read_text(encoding="utf-8")
+
+
+def test_step_cost_is_the_calibration_when_given(tmp_path):
+    """--calibration replaces the roofline; without --model/--gpu the page names the defaults."""
+    from kvsim.gpu.calibration import Calibration
+    from kvsim.replay.options import SimOptions
+    from kvsim.report import ReportOptions
+    from kvsim.report.concurrent import step_cost_for
+    from kvsim.sched.step_cost import CalibratedStepCost, RooflineStepCost
+
+    cal = Calibration(device="test-gpu", model="m", dtype="float32", fixed_s=1e-3, per_token_s=1e-5,
+                      per_context_token_s=0.0)
+    cost, text = step_cost_for(ReportOptions(calibration=cal))
+    assert isinstance(cost, CalibratedStepCost) and text == "calibration of m on test-gpu"
+    cost, text = step_cost_for(ReportOptions(sim=SimOptions(gpu="A100-80GB"), model="qwen2.5-7b"))
+    assert isinstance(cost, RooflineStepCost) and "not given" not in text and "A100" in text
+    _, text = step_cost_for(ReportOptions())
+    assert "llama-3-8b" in text and "--model and --gpu not given" in text
