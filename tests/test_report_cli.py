@@ -42,6 +42,7 @@ def test_report_writes_the_page_and_the_pngs_next_to_it(tmp_path, capsys):
                   "Recommendation"):
         assert title in page
     assert "at 8,000 tokens" in page and "not estimated" in page
+    assert "Under load" not in page       # --no-concurrent
 
 
 def test_png_dir(tmp_path):

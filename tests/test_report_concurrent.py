@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from kvsim.cli import run
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
@@ -47,14 +45,6 @@ def test_a_log_without_timestamps_gets_one_line(tmp_path):
     page = out.read_text(encoding="utf-8")
     assert "No concurrent view: not every request has a timestamp" in page
     assert not list(tmp_path.glob("r_ttft.png")) and not list(tmp_path.glob("r_load_hit_rate.png"))
-
-
-@pytest.mark.parametrize("flag", ["--no-concurrent"])
-def test_no_concurrent_leaves_the_section_out(flag, tmp_path):
-    out = tmp_path / "r.html"
-    assert run(["report", str(TRACES / "rag.jsonl"), "-o", str(out), "--limit", "20", "--block-sizes", "16",
-                flag]) == 0
-    assert "Under load" not in out.read_text(encoding="utf-8")
 
 
 def test_step_cost_is_the_calibration_when_given(tmp_path):
