@@ -44,6 +44,7 @@ class PendingRequest:
     request_id: str | None = None
     prompt_logprobs: bool = False
     logprob_start_len: int = -1
+    arrival_step: int = -1
 
     @property
     def weight(self) -> int:
@@ -126,6 +127,7 @@ def encode_requests(batch: Sequence[PendingRequest], source: int, tok: Tokenizer
                for c in ("tenant", "cache_salt", "lora", "session")},
         prompt_logprobs=np.fromiter((r.prompt_logprobs for r in batch), bool, count=n),
         logprob_start_len=np.fromiter((r.logprob_start_len for r in batch), np.int64, count=n),
+        arrival_step=np.fromiter((r.arrival_step for r in batch), np.int64, count=n),
         request_ids=[r.request_id for r in batch] if any(r.request_id is not None for r in batch) else None,
     )
     if chat or piecewise:

@@ -174,7 +174,7 @@ class JsonRequestReader(Reader):
             tenant=cats["tenant"].code(fields.tenant), cache_salt=cats["cache_salt"].code(fields.cache_salt),
             lora=cats["lora"].code(fields.lora), session=cats["session"].code(fields.session),
             request_id=fields.request_id, prompt_logprobs=fields.prompt_logprobs,
-            logprob_start_len=fields.logprob_start_len, **kw,
+            logprob_start_len=fields.logprob_start_len, arrival_step=fields.arrival_step, **kw,
         )
 
     @staticmethod
