@@ -16,7 +16,8 @@ def test_section_shows_the_concurrent_views_numbers(tmp_path, capsys):
     from kvsim.replay.options import SimOptions
     from kvsim.report import text as T
     from kvsim.sched.step_cost import step_cost
-    from kvsim.sched.views import Arrivals, concurrent_view
+    from kvsim.replay.concurrent import ReplayMode
+    from kvsim.sched.views import concurrent_view
 
     out = tmp_path / "r.html"
     assert run(["report", str(TRACES / "demo_mixture.jsonl"), "-o", str(out), "--capacity", "6000", "--limit", "60",
@@ -28,9 +29,9 @@ def test_section_shows_the_concurrent_views_numbers(tmp_path, capsys):
     assert "roofline of llama-3-8b" in page and "not given: the report&#x27;s default" in page
     assert "4x faster than logged" in page
     trace = load_trace(TRACES / "demo_mixture.jsonl", limit=60)
-    arrivals = Arrivals("timed", speedup=4.0, cost=step_cost("llama-3-8b", "H100-80GB"))
+    cost, mode = step_cost("llama-3-8b", "H100-80GB"), ReplayMode("timed", speedup=4.0)
     options = SimOptions(capacity_tokens=6000, gpu="H100-80GB")
-    apc, radix = (concurrent_view(trace, options, p, arrivals=arrivals) for p in ("apc", "radix"))
+    apc, radix = (concurrent_view(trace, options, p, cost, mode=mode) for p in ("apc", "radix"))
     assert (f"vLLM APC {T.pct(apc.sequential_hit_rate)} → {T.pct(apc.concurrent_hit_rate)}, SGLang radix "
             f"{T.pct(radix.sequential_hit_rate)} → {T.pct(radix.concurrent_hit_rate)} with its default fcfs queue, "
             f"{T.pct(radix.policy_hit_rates['lpm'])} with lpm") in page

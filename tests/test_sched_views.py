@@ -125,74 +125,16 @@ def test_a_warmup_window_leaves_the_first_requests_out():
     assert view.concurrent_hit_rate == pytest.approx(64 / 160)
 
 
-def test_progress_reports_every_request_finished_and_changes_nothing():
-    from kvsim.sched.views import Arrivals, _Workload
-
-    trace = shared_prefix_trace(gap=0.0, n=20)
-    work = _Workload(trace, Arrivals("steps", "timestamp", 0.05), None)
-    settings, _ = sglang_settings(SimOptions(capacity_tokens=20_000))
-    seen = []
-    watched = work.run(settings, progress=lambda done, total: seen.append((done, total)))
-    plain = work.run(settings)
-    np.testing.assert_array_equal(watched.cached_tokens, plain.cached_tokens)
-    np.testing.assert_array_equal(watched.finish_step, plain.finish_step)
-    assert seen and seen[-1] == (20, 20)
-
-
 def test_concurrent_columns_of_a_sweep_row():
     """The sweep's row figures are the view's concurrent numbers."""
-    from kvsim.sched.views import Arrivals, concurrent_columns
+    from kvsim.replay.concurrent import ReplayMode
+    from kvsim.sched.views import concurrent_columns
 
     cost = step_cost("llama-3-8b", "H100-80GB")
     trace = shared_prefix_trace(gap=0.05, n=20)
     options = SimOptions(capacity_tokens=4000)
-    row = concurrent_columns(trace, options, "apc", Arrivals("timed", cost=cost))
+    row = concurrent_columns(trace, options, "apc", ReplayMode("timed"), cost)
     view = concurrent_view(trace, options, "apc", cost=cost)
     assert row["concurrent_hit_rate"] == pytest.approx(view.concurrent_hit_rate)
+    assert row["concurrent_preemptions"] == view.preemptions
     assert row["ttft_p90_s"] == pytest.approx(np.percentile(view.ttft_cached, 90))
-    empty = concurrent_columns(Trace.from_prompts([[1, 2, 3]], output_lengths=[2]), options, "apc",
-                               Arrivals("steps"))
-    assert np.isnan(empty["concurrent_hit_rate"])
-
-
-@pytest.mark.parametrize("policy", ["apc", "radix"])
-def test_unlimited_pool_is_sized_to_hold_the_whole_trace(policy):
-    """Sized to the trace's footprint, the unlimited pool replays as any larger pool does."""
-    import dataclasses
-
-    from kvsim.sched.clock import Releases
-    from kvsim.sched.timed import replay_steps
-    from kvsim.sched.views import Arrivals, _Workload, scheduler_settings
-
-    trace = shared_prefix_trace(gap=0.0, n=30)
-    sized, _ = scheduler_settings(policy, SimOptions(capacity_tokens=float("inf")), trace)
-    big, _ = scheduler_settings(policy, SimOptions(capacity_tokens=200_000))
-    if policy == "radix":
-        assert sized.capacity < 30 * 450 < big.capacity
-        big = dataclasses.replace(big, max_running_requests=sized.max_running_requests)
-    else:
-        assert sized.num_gpu_blocks * 16 < 30 * 460 < big.num_gpu_blocks * 16
-    work = _Workload(trace, Arrivals("steps", "timestamp", 0.05), None)
-    a, b = work.run(sized), work.run(big)
-    for field in ("cached_tokens", "first_token_step", "finish_step", "preemptions"):
-        np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
-
-
-def test_arrivals_follow_simulates_options():
-    """--arrival-from / --step-seconds / --speedup as kvsim simulate reads them."""
-    from types import SimpleNamespace
-
-    from kvsim.errors import ConfigError
-    from kvsim.sched.views import Arrivals
-
-    cost = step_cost("llama-3-8b", "H100-80GB")
-    log = SimpleNamespace(arrival=np.array([10.0, 10.25, 11.0]), arrival_step=np.array([0, 4, 20]))
-    assert Arrivals("steps").releases(log).at.tolist() == [0, 4, 20]
-    assert Arrivals("steps", "timestamp", 0.125).releases(log).at.tolist() == [0, 2, 8]
-    assert Arrivals("steps", "timestamp", 0.125, speedup=2).releases(log).at.tolist() == [0, 1, 4]
-    assert Arrivals("timed", "step", 0.5, cost=cost).releases(log).at.tolist() == [0.0, 2.0, 10.0]
-    assert Arrivals("timed", speedup=2, cost=cost).releases(log).at.tolist() == [5.0, 5.125, 5.5]
-    with pytest.raises(ConfigError, match="needs --step-seconds"):
-        Arrivals("steps", "timestamp")
-    with pytest.raises(ConfigError, match="needs a step-cost model"):
-        Arrivals("timed")

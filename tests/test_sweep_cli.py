@@ -57,12 +57,13 @@ def test_no_curve(log, capsys):
     (["-c", "1e5", "--executor", "dask"], "--executor"),
     (["-c", "1e5", "--jobs", "0"], "--jobs"),
     (["-c", "1e5", "-p", "apc,nope"], "unknown policy"),
-    (["-c", "1e5", "--replay", "later"], "--replay must be"),
+    (["-c", "1e5", "--replay", "later"], "unknown --replay"),
+    (["-c", "1e5", "--speedup", "2"], "need(s) --replay steps or --replay timed"),
     (["-c", "1e5", "--replay", "timed"], "--replay timed needs --model and --gpu"),
-    (["-c", "1e5", "--replay", "steps"], "not every request has an arrival_step"),
+    (["-c", "1e5", "--replay", "steps"], "needs arrival_step on every request"),
     (["-c", "1e5", "--replay", "steps", "--arrival-from", "timestamp"], "needs --step-seconds"),
     (["-c", "1e5", "--replay", "steps", "--arrival-from", "timestamp", "--step-seconds", "1"],
-     "not every request has a timestamp"),
+     "needs a timestamp on every request"),
     (["-c", "1e5", "--replay", "steps", "--arrival-from", "timestamp", "--step-seconds", "0"], "--step-seconds"),
     (["-c", "1e5", "--replay", "steps", "--speedup", "-1"], "--speedup must be positive"),
 ])
@@ -89,7 +90,8 @@ def test_under_load_columns_are_the_scheduler_models(tmp_path, capsys):
     from kvsim import load_trace
     from kvsim.replay.options import SimOptions
     from kvsim.sched.step_cost import step_cost
-    from kvsim.sched.views import Arrivals, concurrent_columns
+    from kvsim.replay.concurrent import ReplayMode
+    from kvsim.sched.views import concurrent_columns
 
     demo = Path(__file__).resolve().parents[1] / "traces" / "demo_mixture.jsonl"
     csv_path, json_path = tmp_path / "s.csv", tmp_path / "s.json"
@@ -101,11 +103,11 @@ def test_under_load_columns_are_the_scheduler_models(tmp_path, capsys):
     doc = json.loads(json_path.read_text())
     assert doc["settings"]["replay"] == "timed" and doc["settings"]["speedup"] == 3
     trace = load_trace(demo, limit=40)
-    arrivals = Arrivals("timed", speedup=3.0, cost=step_cost("llama-3-8b", "H100-80GB"))
+    mode, cost = ReplayMode("timed", speedup=3.0), step_cost("llama-3-8b", "H100-80GB")
     for row in frame.to_dict(orient="records"):
         cap = float(row["capacity"])
         options = SimOptions(capacity_tokens=cap, gpu="H100-80GB")
-        direct = concurrent_columns(trace, options, row["policy"], arrivals)
+        direct = concurrent_columns(trace, options, row["policy"], mode, cost)
         for key in ("concurrent_hit_rate", "concurrent_preemptions", "ttft_p50_s", "ttft_p90_s"):
             assert row[key] == pytest.approx(direct[key]), key
         assert 0 < row["ttft_p50_s"] <= row["ttft_p90_s"] and np.isfinite(row["concurrent_hit_rate"])

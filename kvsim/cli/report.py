@@ -7,7 +7,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from kvsim.cli.app import app, console, err_console
-from kvsim.cli.concurrent_options import ConcurrentOpt, SpeedupOpt
+from kvsim.cli.replay_options import SpeedupOpt
 from kvsim.cli.options import (DEFAULT, BlockSizeOpt, CapacityOpt, EngineVersionOpt, EvictionOpt, FormatOpt,
                                GpuOpt, GpuUtilOpt, KvCacheMemoryOpt, LimitOpt, LogPaths, MaxTotalTokensOpt,
                                MemFractionOpt, ModelOpt, NumGpuBlocksOpt, OnErrorOpt, PageSizeOpt, ShowTextOpt,
@@ -15,6 +15,9 @@ from kvsim.cli.options import (DEFAULT, BlockSizeOpt, CapacityOpt, EngineVersion
 
 _ENG = "Engine settings"
 _OUT = "Output"
+ConcurrentOpt = Annotated[bool, typer.Option(
+    "--concurrent/--no-concurrent", help="The Under load section: the log replayed as it arrived (timed, with "
+    "and without prefix caching), where it has timestamps.", rich_help_panel="Concurrent replay (--replay steps|timed)")]
 
 
 def html_report(html: Path, trace: Any, logs: list[Path], options: Any = None, png_dir: Path | None = None,

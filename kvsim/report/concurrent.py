@@ -53,23 +53,23 @@ def concurrent_section(trace: Any, sim: Any, runs: dict[str, Any], opts: Any,
     ``sim``/``runs``: the chosen options and the sequential replays at them; ``chart`` turns
     a figure into a :class:`Chart`.
     """
-    from kvsim.sched.views import Arrivals, concurrent_view
+    from kvsim.replay.concurrent import ReplayMode
+    from kvsim.sched.views import concurrent_view
     from kvsim.warmup import measured_mask
 
     section = Section("concurrent", "Under load: concurrent replay")
-    cost, cost_text = step_cost_for(opts)
-    arrivals = Arrivals("timed", "timestamp", speedup=opts.speedup, cost=cost)
-    why = arrivals.missing(trace)
-    if why is not None:
-        section.paragraphs.append(NO_ARRIVALS.format(why=why))
+    if len(trace) == 0 or not np.isfinite(trace.arrival).all():
+        section.paragraphs.append(NO_ARRIVALS.format(why="not every request has a timestamp"))
         return section, None
+    cost, cost_text = step_cost_for(opts)
+    mode = ReplayMode("timed", "timestamp", speedup=opts.speedup)
     view_sim = sim if sim.gpu else replace(sim, gpu=DEFAULT_GPU)   # the scheduler budgets of that GPU
     measured = measured_mask(len(trace), opts.warmup)
     views = {}
     for p in POLICIES:
         say(f"concurrent replay ({p}): timed, with and without prefix caching"
             + (", lpm and fcfs" if p == "radix" else "") + " (--no-concurrent skips it)")
-        views[p] = concurrent_view(trace, view_sim, p, arrivals=arrivals, sequential=runs[p], measured=measured,
+        views[p] = concurrent_view(trace, view_sim, p, cost, mode=mode, sequential=runs[p], measured=measured,
                                    progress=True)
     pace = "as logged" if opts.speedup == 1 else f"{opts.speedup:g}x faster than logged (--speedup)"
     section.paragraphs += [INTRO, f"Arrivals {pace}; step cost: {cost_text}; scheduler settings: "

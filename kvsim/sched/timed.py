@@ -36,26 +36,15 @@ def make_engine(settings, prompts, outputs, priorities=None, loras=None, salts=N
     raise TypeError(f"not scheduler settings: {settings!r}")
 
 
-def _watched(engine, progress):
-    if progress is None:
-        return engine
-    from kvsim.sched.watch import Watched
-
-    return Watched(engine, progress)
-
-
 def without_prefix_caching(settings):
     """The same engine with prefix caching off (the comparison run)."""
     return dataclasses.replace(settings, enable_prefix_caching=False)
 
 
 def replay_steps(settings, prompts, outputs, releases: Releases, priorities=None, loras=None,
-                 salts=None, progress=None, **logprobs) -> StepResult:
-    """Step-clock replay (``--replay steps``); releases are step numbers.
-
-    ``progress(finished, total)``, if given, is called now and then as requests finish.
-    """
-    engine = _watched(make_engine(settings, prompts, outputs, priorities, loras, salts, **logprobs), progress)
+                 salts=None, **logprobs) -> StepResult:
+    """Step-clock replay (``--replay steps``); releases are step numbers."""
+    engine = make_engine(settings, prompts, outputs, priorities, loras, salts, **logprobs)
     engine.result.steps, _ = run(engine, releases)
     return engine.result
 
@@ -92,9 +81,9 @@ class TimedResult:
 
 
 def replay_timed(settings, prompts, outputs, releases: Releases, cost, priorities=None, loras=None,
-                 salts=None, progress=None, **logprobs) -> TimedResult:
+                 salts=None, **logprobs) -> TimedResult:
     """Timed replay (``--replay timed``); releases are seconds (already divided by ``--speedup``)."""
-    engine = _watched(make_engine(settings, prompts, outputs, priorities, loras, salts, **logprobs), progress)
+    engine = make_engine(settings, prompts, outputs, priorities, loras, salts, **logprobs)
     nsteps, line = run(engine, releases, cost)
     result = engine.result
     result.steps = nsteps

@@ -7,10 +7,9 @@ hit rates of ``lpm`` and ``fcfs`` (SGLang 0.5.23's default is ``fcfs``). Hit rat
 cached prompt tokens over prompt tokens of the requests served (and measured, when a
 warm-up window leaves the first requests out).
 
-Arrivals follow ``kvsim simulate``'s options: ``--replay steps`` releases request *i* at
-step ``arrival_step[i]`` (``--arrival-from step``) or at ``floor((t_i - t_0) / S)`` from its
-timestamp (``--arrival-from timestamp --step-seconds S``); ``--replay timed`` releases it
-at its timestamp in seconds; ``--speedup X`` divides timestamps by X.
+The replays are ``kvsim simulate --replay steps|timed``'s (:mod:`kvsim.replay.concurrent`):
+the same releases (``ReplayMode``: ``--arrival-from``, ``--step-seconds``, ``--speedup``,
+``--arrivals``), scheduler settings and per-request inputs.
 """
 from __future__ import annotations
 
@@ -23,88 +22,14 @@ import numpy as np
 
 from kvsim.errors import ConfigError
 from kvsim.io.trace import Trace
-from kvsim.models import apc_num_gpu_blocks, radix_max_total_tokens
+from kvsim.replay.concurrent import ReplayMode, engine_inputs, releases_for, scheduler_settings
 from kvsim.replay.options import SimOptions
-from kvsim.sched.clock import Releases
-from kvsim.sched.settings import sglang_settings, vllm_settings
-from kvsim.sched.timed import PERCENTILES, replay_steps, replay_timed, without_prefix_caching
+from kvsim.sched.clock import run
+from kvsim.sched.timed import PERCENTILES, make_engine, timed_result, without_prefix_caching
 
 DEFAULT_STEP_SECONDS = 0.05
-REPLAYS = ("steps", "timed")
-ARRIVALS_FROM = ("step", "timestamp")
 RADIX_ORDERS = ("fcfs", "lpm")
 PROGRESS_FROM = 1000            # requests: below this, a replay takes about a second, no bar
-
-
-@dataclass(frozen=True)
-class Arrivals:
-    """How the log's arrivals become releases, as ``kvsim simulate``'s options say.
-
-    ``arrival_from`` (``--arrival-from``; None: ``step`` for steps, ``timestamp`` for timed):
-    ``step`` reads each request's ``arrival_step`` (timed: times ``step_seconds``),
-    ``timestamp`` its logged time (steps: one step per ``step_seconds`` of log time).
-    ``speedup`` divides the arrival times; ``cost`` is the step-cost model of ``--replay timed``.
-    """
-
-    replay: str = "timed"
-    arrival_from: str | None = None
-    step_seconds: float | None = None
-    speedup: float = 1.0
-    cost: Any = None
-
-    def __post_init__(self) -> None:
-        if self.replay not in REPLAYS:
-            raise ConfigError(f"--replay must be one of {', '.join(REPLAYS)} here, got {self.replay!r}")
-        if self.arrival_from is None:
-            object.__setattr__(self, "arrival_from", "step" if self.replay == "steps" else "timestamp")
-        if self.arrival_from not in ARRIVALS_FROM:
-            raise ConfigError(f"--arrival-from must be step or timestamp, got {self.arrival_from!r}")
-        if not self.speedup > 0:
-            raise ConfigError(f"--speedup must be positive, got {self.speedup}")
-        if self.step_seconds is not None and not self.step_seconds > 0:
-            raise ConfigError(f"--step-seconds must be positive, got {self.step_seconds}")
-        if self.converts and self.step_seconds is None:
-            raise ConfigError(f"--replay {self.replay} --arrival-from {self.arrival_from} needs --step-seconds")
-        if self.replay == "timed" and self.cost is None:
-            raise ConfigError("--replay timed needs a step-cost model (--model and --gpu, or --calibration)")
-
-    @property
-    def converts(self) -> bool:
-        """Whether arrivals change unit (seconds to steps, or steps to seconds) by ``step_seconds``."""
-        return (self.replay == "steps") != (self.arrival_from == "step")
-
-    def missing(self, trace: Trace) -> str | None:
-        """Why the log cannot be replayed this way (one line), or None when it can."""
-        if len(trace) == 0:
-            return "the log is empty"
-        if self.arrival_from == "step":
-            steps = getattr(trace, "arrival_step", None)
-            if steps is None or (np.asarray(steps) < 0).any():
-                return ("not every request has an arrival_step "
-                        "(use --arrival-from timestamp for logged timestamps)")
-            return None
-        if not np.isfinite(trace.arrival).all():
-            return "not every request has a timestamp"
-        return None
-
-    def releases(self, trace: Trace) -> Releases:
-        if self.arrival_from == "step":
-            steps = np.asarray(trace.arrival_step, np.int64)
-            if self.replay == "steps":
-                return Releases.logged(steps if self.speedup == 1 else np.floor(steps / self.speedup).astype(np.int64))
-            return Releases.logged(steps * self.step_seconds / self.speedup)
-        seconds = trace.arrival / self.speedup
-        if self.replay == "timed":
-            return Releases.logged(seconds)
-        return Releases.logged(Releases.steps_from_seconds(seconds, self.step_seconds))
-
-    def describe(self) -> str:
-        pace = "" if self.speedup == 1 else f", {self.speedup:g}x faster than logged"
-        source = ("arrival_step" if self.arrival_from == "step" else "timestamps")
-        unit = f" ({self.step_seconds:g} s per step)" if self.converts else ""
-        if self.replay == "timed":
-            return f"timed replay, arrivals from {source}{unit}{pace}, step cost: {self.cost.describe()}"
-        return f"step clock, arrivals from {source}{unit}{pace}"
 
 
 @dataclass
@@ -134,29 +59,30 @@ def hit_rate(cached: np.ndarray, prompt_lengths: np.ndarray, served: np.ndarray)
     return float(cached[served].sum()) / total if total else 0.0
 
 
+def describe(mode: ReplayMode, cost: Any = None) -> str:
+    """One line: the clock, where arrivals come from, and the step cost."""
+    what = f"arrivals from {mode.describe_arrivals()}"
+    return f"timed replay, {what}, step cost: {cost.describe()}" if cost is not None else f"step clock, {what}"
+
+
 class _Workload:
-    """The trace as the scheduler models take it: prompts, outputs, namespaces, releases."""
+    """The trace as the scheduler models take it (as ``kvsim simulate --replay`` builds it)."""
 
-    def __init__(self, trace: Trace, arrivals: Arrivals, measured: np.ndarray | None) -> None:
-        from kvsim.replay.requests import output_token_arrays
-
-        n = len(trace)
-        out, off = output_token_arrays(trace)
-        self.prompts = [trace.prompt(i) for i in range(n)]
-        self.outputs = [out[off[i]:off[i + 1]] for i in range(n)]
-        self.names = {"loras": [trace.name_of("lora", int(c)) for c in trace.lora],
-                      "salts": [trace.name_of("cache_salt", int(c)) for c in trace.cache_salt]}
+    def __init__(self, trace: Trace, mode: ReplayMode, cost: Any, measured: np.ndarray | None) -> None:
+        if mode.mode == "timed" and cost is None:
+            raise ConfigError("--replay timed needs a step-cost model (--model and --gpu, or --calibration)")
+        self.mode, self.cost = mode, (cost if mode.mode == "timed" else None)
+        self.releases = releases_for(trace, mode)
+        self.inputs = engine_inputs(trace)
         self.lengths = trace.prompt_lengths
-        self.releases = arrivals.releases(trace)
-        self.arrivals = arrivals
-        self.measured = np.ones(n, bool) if measured is None else np.asarray(measured, bool)
+        self.measured = np.ones(len(trace), bool) if measured is None else np.asarray(measured, bool)
 
     def run(self, settings, progress=None):
         """One replay: a StepResult (steps) or a TimedResult (timed)."""
-        if self.arrivals.replay == "timed":
-            return replay_timed(settings, self.prompts, self.outputs, self.releases, self.arrivals.cost,
-                                progress=progress, **self.names)
-        return replay_steps(settings, self.prompts, self.outputs, self.releases, progress=progress, **self.names)
+        engine = make_engine(settings, **self.inputs)
+        steps, line = run(engine, self.releases, self.cost, progress=progress)
+        engine.result.steps = steps
+        return timed_result(engine.result, line) if self.cost is not None else engine.result
 
     def counted(self, steps) -> np.ndarray:
         return ~steps.rejected & self.measured
@@ -165,58 +91,31 @@ class _Workload:
         return hit_rate(steps.cached_tokens, self.lengths, self.counted(steps))
 
 
-def scheduler_settings(policy: str, options: SimOptions, trace: Trace | None = None):
-    """The scheduler model's settings for ``policy`` at ``options``' capacity, and where the defaults come from.
-
-    With an unlimited capacity and ``trace`` given, the pool is sized to hold every request of
-    the trace at once (nothing is ever evicted or short, as unlimited), not the models' nominal
-    64M tokens, whose allocation alone takes seconds.
-    """
-    if policy not in ("apc", "radix"):
-        raise ConfigError(f"no scheduler model for policy {policy!r} (apc or radix)")
-    unlimited = (apc_num_gpu_blocks(options) if policy == "apc" else radix_max_total_tokens(options)) is None
-    if policy == "apc":
-        if unlimited and trace is not None:
-            options = dataclasses.replace(options, num_gpu_blocks=_footprint(trace, options.block_size) // options.block_size + 1)
-        return vllm_settings(options)
-    if unlimited and trace is not None:
-        nominal = sglang_settings(options)[0]
-        options = dataclasses.replace(options, max_total_tokens=_footprint(trace, options.page_size))
-        return sglang_settings(options, max_running_requests=nominal.max_running_requests)
-    return sglang_settings(options)
-
-
-def _footprint(trace: Trace, unit: int) -> int:
-    """Tokens of every request's prompt and reply together, each rounded up to whole ``unit``s."""
-    total = trace.prompt_lengths.astype(np.int64) + np.maximum(trace.output_lengths.astype(np.int64), 1)
-    return int((-(-total // unit) * unit).sum()) + unit
-
-
 def concurrent_view(trace: Trace, options: SimOptions, policy: str, cost=None,
                     step_seconds: float = DEFAULT_STEP_SECONDS, speedup: float = 1.0, *,
-                    arrivals: Arrivals | None = None, sequential: Any = None, measured: np.ndarray | None = None,
+                    mode: ReplayMode | None = None, sequential: Any = None, measured: np.ndarray | None = None,
                     progress: bool = False) -> ConcurrentView | None:
-    """The view for ``policy`` ("apc" or "radix"), or None when the log has no arrival times.
+    """The view for ``policy`` ("apc" or "radix"), or None when the log has no timestamps.
 
-    ``arrivals`` (default: timed when ``cost`` is given, else a step clock of ``step_seconds``
-    over the timestamps); ``sequential``: the ReplayResult of ``policy`` at ``options``, when
-    already computed; ``measured``: bool (n,), the requests counted (a warm-up window left
-    out); ``progress``: a bar per replay on long logs.
+    ``mode`` (default: timed when ``cost`` is given, else a step clock of ``step_seconds``
+    over the timestamps, both sped up ``speedup`` times); ``sequential``: the ReplayResult of
+    ``policy`` at ``options``, when already computed; ``measured``: bool (n,), the requests
+    counted (a warm-up window left out); ``progress``: a bar per replay on long logs.
     """
-    if arrivals is None:
-        arrivals = Arrivals("timed" if cost is not None else "steps", "timestamp",
-                            None if cost is not None else step_seconds, speedup, cost)
-    if arrivals.missing(trace) is not None:
-        return None
+    if mode is None:
+        if len(trace) == 0 or not np.isfinite(trace.arrival).all():
+            return None
+        mode = ReplayMode("timed" if cost is not None else "steps", "timestamp",
+                          None if cost is not None else step_seconds, speedup=speedup)
     if sequential is None:
         from kvsim.replay.driver import replay
 
         sequential = replay(policy, trace, options)
-    work = _Workload(trace, arrivals, measured)
-    settings, note = scheduler_settings(policy, options, trace)
+    work = _Workload(trace, mode, cost, measured)
+    settings, note = scheduler_settings(policy, options, mode, trace)
     seq_rate = hit_rate(sequential.cached_tokens, work.lengths, ~sequential.rejected & work.measured)
-    timed = arrivals.replay == "timed"
-    view = ConcurrentView(policy, arrivals.replay, seq_rate, 0.0, notes=[note, arrivals.describe()])
+    timed = work.cost is not None
+    view = ConcurrentView(policy, mode.mode, seq_rate, 0.0, notes=[note, describe(mode, work.cost)])
     runs = [("concurrent", settings)]
     if timed:
         runs.append(("without prefix caching", without_prefix_caching(settings)))
@@ -231,7 +130,7 @@ def concurrent_view(trace: Trace, options: SimOptions, policy: str, cost=None,
     results = {}
     with bars or nullcontext():
         for label, s in runs:
-            update = bars.task(f"{policy}, {arrivals.replay} replay: {label}", len(trace)) if bars else None
+            update = bars.task(f"{policy}, {mode.mode} replay: {label}", len(trace)) if bars else None
             results[label] = work.run(s, update)
     first = results["concurrent"]
     steps = first.steps if timed else first
@@ -250,26 +149,22 @@ def concurrent_view(trace: Trace, options: SimOptions, policy: str, cost=None,
     return view
 
 
-def concurrent_columns(trace: Trace, options: SimOptions, policy: str, arrivals: Arrivals,
+def concurrent_columns(trace: Trace, options: SimOptions, policy: str, mode: ReplayMode, cost: Any = None,
                        measured: np.ndarray | None = None) -> dict[str, Any]:
     """The sweep's concurrent columns for one row: one scheduler replay at ``options``.
 
     ``concurrent_hit_rate``, ``concurrent_preemptions`` and, timed, ``ttft_p50_s`` /
-    ``ttft_p90_s``; NaN where the log has no arrival times.
+    ``ttft_p90_s``.
     """
-    out: dict[str, Any] = {"concurrent_hit_rate": float("nan"), "concurrent_preemptions": None}
-    if arrivals.replay == "timed":
-        out.update({f"ttft_p{p}_s": float("nan") for p in (50, 90)})
-    if arrivals.missing(trace) is not None:
-        return out
-    work = _Workload(trace, arrivals, measured)
-    settings, _ = scheduler_settings(policy, options, trace)
+    work = _Workload(trace, mode, cost, measured)
+    settings, _ = scheduler_settings(policy, options, mode, trace)
     result = work.run(settings)
-    steps = result.steps if arrivals.replay == "timed" else result
+    timed = work.cost is not None
+    steps = result.steps if timed else result
     served = work.counted(steps)
-    out["concurrent_hit_rate"] = work.hit_rate(steps)
-    out["concurrent_preemptions"] = int(steps.preemptions[served].sum())
-    if arrivals.replay == "timed":
+    out: dict[str, Any] = {"concurrent_hit_rate": work.hit_rate(steps),
+                           "concurrent_preemptions": int(steps.preemptions[served].sum())}
+    if timed:
         ttft = result.ttft[served]
         for p in (50, 90):
             out[f"ttft_p{p}_s"] = float(np.percentile(ttft, p)) if len(ttft) else float("nan")

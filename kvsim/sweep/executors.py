@@ -45,7 +45,8 @@ def replay_point(trace: Trace, point: SweepPoint) -> dict[str, Any]:
     if point.concurrent is not None:   # the scheduler model under load, at the same capacity
         from kvsim.sched.views import concurrent_columns
 
-        summary.update(concurrent_columns(trace, point.options(), point.policy, point.concurrent, result.measured))
+        mode, cost = point.concurrent
+        summary.update(concurrent_columns(trace, point.options(), point.policy, mode, cost, result.measured))
     return {**summary, "config": dict(result.config)}
 
 

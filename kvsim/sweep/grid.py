@@ -48,7 +48,7 @@ class SweepPoint:
     eviction_policy: str | None = None
     base: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     warmup: Any = field(default=None, compare=False, hash=False)   # kvsim.warmup window (None: none)
-    concurrent: Any = field(default=None, compare=False, hash=False)  # kvsim.sched.views.Arrivals (None: none)
+    concurrent: Any = field(default=None, compare=False, hash=False)  # (ReplayMode, step cost) or None
 
     def options(self) -> SimOptions:
         """The options of this combination's exact replay."""

@@ -81,8 +81,9 @@ def sweep(trace: Trace, policies: str | Sequence[str] = "apc,radix", capacities:
           warmup: Any = None, optimal: bool = True, concurrent: Any = None, **options: Any) -> SweepResult:
     """Replay every combination exactly and attach one-pass curves; see :func:`run_sweep`.
 
-    ``concurrent`` (a :class:`kvsim.sched.views.Arrivals`) also replays each combination through
-    the engine's scheduler model as the log arrived: columns ``concurrent_hit_rate``,
+    ``concurrent`` = ``(ReplayMode, step cost or None)`` (:mod:`kvsim.replay.concurrent`) also
+    replays each combination through the engine's scheduler model as the log arrived, as
+    ``kvsim simulate --replay`` does: columns ``concurrent_hit_rate``,
     ``concurrent_preemptions`` and, timed, ``ttft_p50_s`` / ``ttft_p90_s``.
     """
     from kvsim.warmup import parse_warmup
