@@ -55,10 +55,14 @@ class ReportOptions:
     title: str | None = None
     command: str | None = None               # the command line, shown in the notes
     warmup: Any = None                       # kvsim.warmup: first requests fill the cache, are not counted
+    concurrent: bool = True                  # the "Under load" section (kvsim.report.concurrent)
+    speedup: float = 1.0                     # its arrivals, this many times faster than logged
 
     def __post_init__(self) -> None:
         if not 0 < self.target_share < 1:
             raise ConfigError(f"target share must be in (0, 1), got {self.target_share!r}")
+        if not self.speedup > 0:
+            raise ConfigError(f"--speedup must be positive, got {self.speedup!r}")
         self.block_sizes = tuple(sorted({int(b) for b in self.block_sizes}))
         if not self.block_sizes or self.block_sizes[0] < 1:
             raise ConfigError("block sizes must be positive integers")
@@ -149,11 +153,13 @@ class _Builder:
 
         tree = icicle_layout(tr, (analysis.get("prefixes") or {}).get("top", []))
         groups = self._group_panels()
+        load = self._load_section() if o.concurrent else None
         self._phase("drawing the charts")
         sections = [
             self._capacity_section(cap_series, cap_rows),
             self._block_section(block_series),
             self._fraction_section(),
+            load,
             self._divergence_section(),
             self._prefix_section(tree),
             self._group_section(groups),
@@ -502,6 +508,13 @@ class _Builder:
         return Section("cached-fraction", "Cached share per request", charts=[self._chart(
             "cached_fraction", fig, caption, "Histogram of the cached share of each request's prompt")])
 
+    def _load_section(self) -> Section:
+        from kvsim.report.concurrent import concurrent_section
+
+        section, self.concurrent = concurrent_section(self.trace, self.chosen_sim, self.runs, self.opts,
+                                                      self._chart, self._phase)
+        return section
+
     def _divergence_section(self) -> Section:
         dv = self.an.get("divergence") or {}
         h = dv.get("histogram")
@@ -624,6 +637,7 @@ class _Builder:
                                   if self.opts.calibration is not None else None),
             "kv_bytes_per_token": self.kv_bytes,
             "recommendation": (self.an.get("recommendation") or {}).get("engine"),
+            "concurrent": getattr(self, "concurrent", None),
         }
         return T.key_numbers(numbers, summaries, self.an, self.chosen_sim, self.opts), numbers
 
