@@ -81,3 +81,14 @@ def test_aliases_leave_values_and_the_end_of_options_alone():
     assert len(notes) == 2
     assert apply_aliases(["serve", "--engine", "reference"], notes.append) == \
         ["serve", "--implementation", "reference"]
+
+
+def test_input_option_defaults_are_the_readers_own():
+    """The CLI's input defaults (defined once in cli/options.py) are load_trace's defaults."""
+    import inspect
+
+    from kvsim.cli.options import INPUT_DEFAULT
+    from kvsim.io.load import load_trace
+
+    params = inspect.signature(load_trace).parameters
+    assert INPUT_DEFAULT == {name: params[name].default for name in INPUT_DEFAULT}

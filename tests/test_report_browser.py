@@ -79,7 +79,7 @@ def _non_blank(png: bytes) -> bool:
 @pytest.fixture(scope="module")
 def demo_report(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("browser") / "report.html"
-    assert run(["report", str(DEMO), "-o", str(out), "--capacity-tokens", "20000"]) == 0
+    assert run(["report", str(DEMO), "-o", str(out), "--capacity", "20000"]) == 0
     return out
 
 

@@ -204,7 +204,7 @@ def test_metric_names_are_the_engines_own():
     (["--implementation", "turbo"], "--implementation must be fast or reference"),
     (["--port", "70000"], "--port must be in"),
     (["--record", "/nonexistent-dir/rec.jsonl"], "does not exist"),
-    (["--capacity-tokens", "1000", "--max-model-len", "4096"], "does not fit the KV cache"),
+    (["--capacity", "1000", "--max-model-len", "4096"], "does not fit the KV cache"),
     (["--tokenizer", "no-such-encoding"], "unknown tokenizer"),
     (["--lora-modules", "=x"], "expected NAME=PATH"),
     (["--upstream", "ftp://x"], "--upstream must be an http"),

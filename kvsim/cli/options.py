@@ -52,13 +52,18 @@ ShowTextOpt = Annotated[
 ]
 
 
+#: the defaults of the input options (kvsim.io.load.load_trace's own; a test checks they agree)
+INPUT_DEFAULT = {"format": "auto", "tokenizer": "cl100k_base", "chat_template": "llama3", "trace_block_size": 512,
+                 "on_error": "fail"}
+
+
 def load_from_cli(
     paths: list[Path],
-    fmt: str = "auto",
-    tokenizer: str = "cl100k_base",
-    chat_template: str = "llama3",
-    trace_block_size: int = 512,
-    on_error: str = "fail",
+    fmt: str = INPUT_DEFAULT["format"],
+    tokenizer: str = INPUT_DEFAULT["tokenizer"],
+    chat_template: str = INPUT_DEFAULT["chat_template"],
+    trace_block_size: int = INPUT_DEFAULT["trace_block_size"],
+    on_error: str = INPUT_DEFAULT["on_error"],
     limit: int | None = None,
 ):
     """Load a trace with the CLI's options and a progress bar.

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from kvsim.cli.app import app, console, err_console
+from kvsim.cli.options import INPUT_DEFAULT
 from kvsim.cli.options import (DEFAULT, BlockSizeOpt, CapacityOpt, EngineVersionOpt, EvictionOpt, FormatOpt,
                                GpuOpt, GpuUtilOpt, KvCacheMemoryOpt, LimitOpt, LogPaths, MaxTotalTokensOpt,
                                MemFractionOpt, ModelOpt, NumGpuBlocksOpt, OnErrorOpt, PageSizeOpt, ShowTextOpt,
@@ -69,11 +70,11 @@ def report(
         "--jobs", "-j", help="Parallel replays (default: 1 below 2M prompt tokens, else all CPUs).",
         show_default=False)] = None,
     warmup: WarmupOpt = None,
-    fmt: FormatOpt = "auto",
-    tokenizer: TokenizerOpt = "cl100k_base",
-    chat_template: TemplateOpt = "llama3",
-    trace_block_size: TraceBlockOpt = 512,
-    on_error: OnErrorOpt = "fail",
+    fmt: FormatOpt = INPUT_DEFAULT["format"],
+    tokenizer: TokenizerOpt = INPUT_DEFAULT["tokenizer"],
+    chat_template: TemplateOpt = INPUT_DEFAULT["chat_template"],
+    trace_block_size: TraceBlockOpt = INPUT_DEFAULT["trace_block_size"],
+    on_error: OnErrorOpt = INPUT_DEFAULT["on_error"],
     limit: LimitOpt = None,
 ) -> None:
     """Write an HTML report (plus PNG charts) of a prompt log: what a prefix cache would save.
