@@ -21,6 +21,8 @@ def _embedded(page: str) -> list[bytes]:
 
 
 def test_report_writes_the_page_and_the_pngs_next_to_it(tmp_path, capsys):
+    """... into a folder it creates."""
+    tmp_path = tmp_path / "new"
     out = tmp_path / "report.html"
     mask = os.umask(0o022)
     try:

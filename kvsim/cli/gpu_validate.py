@@ -85,7 +85,7 @@ def gpu_validate(
     from kvsim.cli.options import load_from_cli
     from kvsim.cli.options import parse_capacity_tokens
     from kvsim.errors import ConfigError, KvsimError
-    from kvsim.outputs import check_output_path
+    from kvsim.outputs import check_output_path, make_dir
     from kvsim.replay.options import SimOptions
 
     _need("torch")
@@ -100,7 +100,7 @@ def gpu_validate(
                      page_size=page_size)
     if out.exists() and not out.is_dir():
         raise KvsimError(f"{out}: exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out)
     calib_path = calibration_out or out / "calibration.json"
     results_path = out / "gpu_validate.json"
     for path in (calib_path, results_path):

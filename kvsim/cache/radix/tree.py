@@ -124,7 +124,7 @@ class RadixTree:
         n = min(len(key), end - off)
         eq = key[:n] == tokens[off:off + n]
         m = n if eq[n - 1] and eq.all() else int(eq.argmin())
-        return floor_page(m, self.page_size)
+        return m if self.page_size == 1 else floor_page(m, self.page_size)
 
     @property
     def total_size(self) -> int:
@@ -251,13 +251,14 @@ class RadixTree:
     # -- locks (§4) ----------------------------------------------------------------
     def lock(self, node: Node) -> None:
         """Protect the path root..node from eviction."""
-        root = self.root
+        root, leaves = self.root, self.evictable_leaves
         while node is not root:
             if node.lock_ref == 0:
                 k = len(node.key)
                 self.evictable_size -= k
                 self.protected_size += k
-                self.evictable_leaves.discard(node)   # a locked node is never an evictable leaf
+                if leaves:
+                    leaves.discard(node)   # a locked node is never an evictable leaf
             node.lock_ref += 1
             node = node.parent
 
@@ -269,7 +270,8 @@ class RadixTree:
                 k = len(node.key)
                 self.evictable_size += k
                 self.protected_size -= k
-                self._update_leaf(node)
+                if not node.children:             # (a node with children is in no leaf set)
+                    self._update_leaf(node)
             node = node.parent
 
     def path_value(self, node: Node) -> np.ndarray:
