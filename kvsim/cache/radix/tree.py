@@ -233,20 +233,17 @@ class RadixTree:
             if k_len > inserted_len:
                 leaf.hit_count = 1
             self.evictable_size += k_len - off
-            if not classic:
-                self._raise_tlru_history(leaf)
+            if not classic:   # T-LRU: the new leaf's depth raises its ancestors' history length
+                depth = node.tlru_cached_prefix_len + k_len - off
+                leaf.tlru_cached_prefix_len = leaf.tlru_history_len = depth
+                x = node
+                while x is not None and x.tlru_history_len < depth:
+                    x.tlru_history_len = depth
+                    x = x.parent
             self._update_leaf(node)
             self._update_leaf(leaf)
             return off, leaf
         return off, node
-
-    def _raise_tlru_history(self, leaf: Node) -> None:
-        leaf.tlru_cached_prefix_len = leaf.parent.tlru_cached_prefix_len + len(leaf.key)
-        leaf.tlru_history_len = max(leaf.tlru_history_len, leaf.tlru_cached_prefix_len)
-        x = leaf.parent
-        while x is not None and x.tlru_history_len < leaf.tlru_cached_prefix_len:
-            x.tlru_history_len = leaf.tlru_cached_prefix_len
-            x = x.parent
 
     # -- locks (§4) ----------------------------------------------------------------
     def lock(self, node: Node) -> None:
