@@ -94,6 +94,14 @@ def test_input_option_defaults_are_the_readers_own():
     assert INPUT_DEFAULT == {name: params[name].default for name in INPUT_DEFAULT}
 
 
+def test_analyze_option_defaults_are_the_library_ones():
+    from kvsim.analyze.options import AnalyzeOptions, parse_block_sizes
+    from kvsim.cli.options import ANALYZE_DEFAULT
+
+    assert parse_block_sizes(ANALYZE_DEFAULT["block_sizes"]) == AnalyzeOptions().block_sizes
+    assert ANALYZE_DEFAULT["top"] == AnalyzeOptions().top
+
+
 # -- where files go: missing folders are created; side files holding token ids are private --
 
 def test_report_and_json_outputs_create_missing_folders(tmp_path):

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from kvsim.cli.app import app, console
-from kvsim.cli.options import INPUT_DEFAULT
+from kvsim.cli.options import ANALYZE_DEFAULT, INPUT_DEFAULT, BlockSizesOpt, TopOpt
 from kvsim.cli.options import (
     FormatOpt,
     LimitOpt,
@@ -35,9 +35,8 @@ def analyze(
     model: Annotated[Optional[str], typer.Option(
         "--model", help="Model shape (llama-3-8b, qwen2.5-72b, deepseek-v3, ...) or a HF config.json path: "
         "cache capacities in GiB.", show_default=False)] = None,
-    block_sizes: Annotated[str, typer.Option("--block-sizes", help="Block sizes of the sensitivity table.")]
-    = "16,32,64,128,256,512",
-    top: Annotated[int, typer.Option("--top", help="Shared prefixes and divergence sites listed.")] = 10,
+    block_sizes: BlockSizesOpt = ANALYZE_DEFAULT["block_sizes"],
+    top: TopOpt = ANALYZE_DEFAULT["top"],
     warmup: WarmupOpt = None,
     fmt: FormatOpt = INPUT_DEFAULT["format"],
     tokenizer: TokenizerOpt = INPUT_DEFAULT["tokenizer"],

@@ -46,6 +46,11 @@ WarmupOpt = Annotated[
     typer.Option("--warmup", help="Warm-up window: the first FRACTION (0.5, 50%) or N requests fill the cache but "
                  "are left out of every count.", show_default=False),
 ]
+#: analyze's and report's shared settings (kvsim.analyze.options' own defaults; a test checks they agree)
+ANALYZE_DEFAULT = {"block_sizes": "16,32,64,128,256,512", "top": 10}
+BlockSizesOpt = Annotated[str, typer.Option("--block-sizes", help="Block (and page) sizes of the block-size "
+                                            "table and chart.", rich_help_panel="Engine settings")]
+TopOpt = Annotated[int, typer.Option("--top", help="Shared prefixes and divergence sites listed.")]
 ShowTextOpt = Annotated[
     bool,
     typer.Option("--show-text", help="Include raw prompt text in output (off by default: logs are sensitive)."),

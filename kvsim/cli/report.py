@@ -7,13 +7,12 @@ from typing import Annotated, Any, Optional
 import typer
 
 from kvsim.cli.app import app, console, err_console
-from kvsim.cli.options import INPUT_DEFAULT
+from kvsim.cli.options import ANALYZE_DEFAULT, INPUT_DEFAULT, BlockSizesOpt, TopOpt
 from kvsim.cli.options import (DEFAULT, BlockSizeOpt, CapacityOpt, EngineVersionOpt, EvictionOpt, FormatOpt,
                                GpuOpt, GpuUtilOpt, KvCacheMemoryOpt, LimitOpt, LogPaths, MaxTotalTokensOpt,
                                MemFractionOpt, ModelOpt, NumGpuBlocksOpt, OnErrorOpt, PageSizeOpt, ShowTextOpt,
                                TemplateOpt, TokenizerOpt, TraceBlockOpt, WarmupOpt, load_from_cli, sim_options)
 
-_ENG = "Engine settings"
 _OUT = "Output"
 
 
@@ -56,9 +55,8 @@ def report(
     page_size: PageSizeOpt = DEFAULT["page_size"],
     eviction: EvictionOpt = DEFAULT["eviction_policy"],
     engine_version: EngineVersionOpt = None,
-    block_sizes: Annotated[str, typer.Option("--block-sizes", help="Block and page sizes of the block-size chart.",
-                                             rich_help_panel=_ENG)] = "16,32,64,128,256,512",
-    top: Annotated[int, typer.Option("--top", help="Shared prefixes and divergence sites listed.")] = 10,
+    block_sizes: BlockSizesOpt = ANALYZE_DEFAULT["block_sizes"],
+    top: TopOpt = ANALYZE_DEFAULT["top"],
     show_text: ShowTextOpt = False,
     calibration: Annotated[Optional[Path], typer.Option(
         "--calibration", help="gpu-validate calibration JSON: estimate the prefill GPU time saved.",
