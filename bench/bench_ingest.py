@@ -26,13 +26,15 @@ Sections (``--only``, comma-separated; default all):
   out); the per-request cached tokens of both sides are checked equal;
 - ``chat``: ``load_trace`` of the chat logs against a per-request loop that parses the line
   (``json.loads``), renders the messages with the chat template and encodes the text
-  (``tiktoken``, tokenizer loaded beforehand for both); the prompts are checked equal;
+  (``tiktoken``, tokenizer loaded beforehand for both); wall and CPU time (all threads); the
+  prompts are checked equal;
 - ``cache``: ``kvsim simulate`` on the chat log twice with the trace cache (a fresh cache
   folder): the first command reads and stores, the second maps the stored trace;
 - ``parquet``: ``kvsim convert`` to Parquet, reading it back, against reading the JSONL;
 - ``memory``: peak RSS (``ru_maxrss``) of a process that reads ``big.jsonl`` (``--big``),
   against the size of the trace's token array;
-- ``startup``: ``kvsim --help`` and ``kvsim simulate`` on a one-request log.
+- ``startup``: ``kvsim --help`` and ``kvsim simulate`` on a one-request token log and on a
+  one-request chat log (the tokenizer loaded in the process).
 
 Medians of ``--runs`` runs (the plain scripts: ``--plain-runs``). Run it on an idle machine:
 
@@ -129,16 +131,21 @@ def timeit(fn, runs: int) -> tuple[float, object]:
     return statistics.median(times), value
 
 
-def interleaved(fns: list, runs: int) -> tuple[list[float], list]:
+def interleaved(fns: list, runs: int, cpu: list | None = None) -> tuple[list[float], list]:
     """Median seconds of each function, run in turn ``runs`` times (a shared machine's load
-    then weighs on all of them alike), and each one's last value."""
+    then weighs on all of them alike), and each one's last value. With ``cpu`` (a list) the
+    median CPU seconds of each (this process, all threads) are appended to it."""
     times: list[list[float]] = [[] for _ in fns]
+    cpus: list[list[float]] = [[] for _ in fns]
     values: list = [None] * len(fns)
     for _ in range(runs):
         for k, fn in enumerate(fns):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             values[k] = fn()
             times[k].append(time.perf_counter() - t0)
+            cpus[k].append(time.process_time() - c0)
+    if cpu is not None:
+        cpu.extend(statistics.median(c) for c in cpus)
     return [statistics.median(t) for t in times], values
 
 
@@ -295,14 +302,18 @@ def bench_chat(files: dict, runs: int) -> list[dict]:
     rows = []
     for name in ("chat", "mixture"):
         path = files[name]
+        kvsim.load_trace(path)  # the chat scanner's kernels loaded before timing
+        cpu: list[float] = []
         (loop_s, kv_s), (prompts, trace) = interleaved(
-            [lambda: render_encode_loop(path, template, tok), lambda: kvsim.load_trace(path)], runs)
+            [lambda: render_encode_loop(path, template, tok), lambda: kvsim.load_trace(path)], runs, cpu)
         same = len(prompts) == len(trace) and all(
             np.array_equal(trace.prompt(i), p) for i, p in enumerate(prompts))
         tokens = trace.num_prompt_tokens
         rows.append({"log": name, "bytes": path.stat().st_size, "requests": len(trace), "prompt_tokens": tokens,
                      "loop_s": loop_s, "kvsim_s": kv_s, "loop_mtok_s": tokens / loop_s / 1e6,
-                     "kvsim_mtok_s": tokens / kv_s / 1e6, "ratio": loop_s / kv_s, "same_prompts": same})
+                     "kvsim_mtok_s": tokens / kv_s / 1e6, "ratio": loop_s / kv_s,
+                     "loop_cpu_s": cpu[0], "kvsim_cpu_s": cpu[1], "ratio_cpu": cpu[0] / cpu[1],
+                     "same_prompts": same})
     return rows
 
 
@@ -377,8 +388,11 @@ def bench_memory(files: dict, env: dict) -> dict:
 
 def bench_startup(files: dict, runs: int, env: dict) -> list[dict]:
     rows = []
+    chat_one = first_line(files["chat"], files["dir"] / "chat_one.jsonl") if "chat" in files else None
     for label, cmd in (("kvsim --help", [*KVSIM, "--help"]),
                        ("kvsim simulate (one request)", [*KVSIM, "simulate", str(files["tokens_one"])]),
+                       *([("kvsim simulate (one chat request)", [*KVSIM, "--no-trace-cache", "simulate",
+                                                                  str(chat_one)])] if chat_one else []),
                        ("python -c 'import numpy'", [sys.executable, "-c", "import numpy"])):
         run(cmd, env)
         r = median_run(cmd, runs, env)
@@ -409,7 +423,7 @@ def main() -> None:
         files: dict = {"dir": tmp, "tokens": tmp / "tokens.jsonl"}
         files["tokens_info"] = write_tokens_log(files["tokens"], args.requests)
         files["tokens_one"] = first_line(files["tokens"], tmp / "tokens_one.jsonl")
-        if sections & {"chat", "cache", "parquet"}:
+        if sections & {"chat", "cache", "parquet", "startup"}:
             files["chat"], files["mixture"] = tmp / "chat.jsonl", tmp / "mixture.jsonl"
             generate("support_chat", files["chat"], "--sessions", str(args.chat_sessions),
                      "--turns", str(args.chat_turns))

@@ -6,7 +6,7 @@ import pickle
 import numpy as np
 import pytest
 
-from kvsim.cache.apc import hashing
+from kvsim.cache.apc import hash_kernels, hashing
 from kvsim.errors import ConfigError
 
 # Golden vectors from vLLM 0.33.0 itself (get_request_block_hasher, block size 4, tokens
@@ -121,7 +121,7 @@ def test_compiled_fast_hash_follows_its_python_definition(seed):
     tokens = rng.integers(-(2**40), 2**40, 70).tolist()
     every, first = hashing.namespace_key("lora", "a", "a"), hashing.namespace_key("cache_salt", "s")
     out = np.zeros(len(tokens) // B, np.uint64)
-    hashing.fast_hash_sequence(np.array(tokens, np.int64), 0, len(out), B, np.uint64(hashing.FAST_ROOT),
+    hash_kernels.fast_hash_sequence(np.array(tokens, np.int64), 0, len(out), B, np.uint64(hashing.FAST_ROOT),
                                np.uint64(every), np.uint64(first), out)
     assert [int(h) for h in out] == _py_chain(tokens, B, every, first)
 
@@ -152,3 +152,22 @@ def test_fast_hash_is_prefix_chained():
     ha, hb = _py_chain(a, 16, 0, 0), _py_chain(b, 16, 0, 0)
     assert ha[:2] == hb[:2] and ha[2] != hb[2] and ha[3] != hb[3]
     assert 0 not in ha
+
+
+def test_few_blocks_hash_in_python_as_the_kernel_does():
+    """hashing.fast_hash_sequence hashes a short sequence without compiled code (a command on a
+    tiny log starts without numba): the same keys as the kernel."""
+    rng = np.random.default_rng(11)
+    tokens = rng.integers(0, 2**31, 96)
+    every, first = hashing.namespace_key("lora", "a", "a"), hashing.namespace_key("cache_salt", "s")
+    for start in (0, 2):
+        a, b = np.zeros(4, np.uint64), np.zeros(4, np.uint64)
+        args = (start, 4, 16, np.uint64(hashing.FAST_ROOT), np.uint64(every), np.uint64(first))
+        hash_kernels.fast_hash_sequence(tokens, *args, a)
+        saved = dict(__import__("sys").modules)
+        try:  # as if the kernels were not loaded yet
+            __import__("sys").modules.pop("kvsim.cache.apc.hash_kernels")
+            hashing.fast_hash_sequence(tokens, *args, b)
+        finally:
+            __import__("sys").modules.update(saved)
+        assert a.tolist() == b.tolist()

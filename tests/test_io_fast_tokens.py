@@ -163,7 +163,7 @@ fields = st.fixed_dictionaries({"prompt_token_ids": ids}, optional={
     "output_token_ids": st.one_of(ids, ids, scalars), "timestamp": numbers, "user": names, "session_id": names,
     "request_id": names, "max_tokens": numbers, "output_length": numbers, "prompt_logprobs": st.booleans(),
     "output_tokens": st.one_of(ids, numbers), "x": st.lists(scalars, max_size=3),
-    "logprob_start_len": numbers, "return_logprob": scalars, "echo": scalars, "logprobs": scalars})
+    "logprob_start_len": numbers, "arrival_step": numbers, "return_logprob": scalars, "echo": scalars, "logprobs": scalars})
 JSONISH = '{}[]",:0123456789-+.eE \t\r\\u_ptoknids\xe9\x00'
 
 

@@ -20,7 +20,7 @@ FIELDS = ["messages", "prompt", "prompt_token_ids", "output_token_ids", "hash_id
           "output_length", "timestamp", "conversations", "requests", "block_size", "role", "content",
           "from", "value", "user", "tenant", "cache_salt", "lora", "lora_name", "lora_request", "session_id",
           "max_tokens", "output_tokens", "response", "output", "usage", "choices", "message",
-          "completion_tokens", "prompt_logprobs", "request_id", "id", "in", "out", "t", "type", "text"]
+          "completion_tokens", "prompt_logprobs", "arrival_step", "request_id", "id", "in", "out", "t", "type", "text"]
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
@@ -40,10 +40,11 @@ messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "ass
 VALID = {
     "chat": st.fixed_dictionaries({"messages": messages}, optional={
         "response": texts, "max_tokens": small, "timestamp": st.floats(0, 1e9), "user": texts,
-        "cache_salt": texts, "lora": texts, "session_id": texts, "output_tokens": small}),
+        "cache_salt": texts, "lora": texts, "session_id": texts, "output_tokens": small, "arrival_step": small}),
     "completion": st.fixed_dictionaries({"prompt": texts.filter(bool)}, optional={"output": texts}),
     "tokens": st.fixed_dictionaries({"prompt_token_ids": st.lists(small, min_size=1, max_size=8)},
-                                    optional={"output_token_ids": st.lists(small, max_size=4)}),
+                                    optional={"output_token_ids": st.lists(small, max_size=4),
+                                              "arrival_step": small}),
     "mooncake": st.integers(1, 2000).flatmap(lambda n: st.fixed_dictionaries({
         "timestamp": small, "input_length": st.just(n), "output_length": small,
         "hash_ids": st.lists(st.integers(0, 5), min_size=-(-n // 512), max_size=-(-n // 512))})),

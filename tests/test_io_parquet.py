@@ -41,6 +41,8 @@ def mixed_tokens_log(path: Path) -> Path:
             rec["prompt_logprobs"] = True
         if i % 10 == 5:
             rec["logprob_start_len"] = 3
+        if i % 5:
+            rec["arrival_step"] = i // 2
         if i % 7 == 0:
             rec["max_tokens"] = 33
         recs.append(rec)

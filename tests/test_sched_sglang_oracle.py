@@ -10,7 +10,8 @@ token, the finishing step, the retraction count and the rejection must be equal.
 The configurations cover every schedule policy (``lpm`` also above its 128-request
 fallback), the overlap scheduler on and off, page sizes 1 and 16, chunked prefill from
 64 tokens to off, ``max_running_requests`` 4-64, finishing by length and by a stop
-token, unknown replies (synthesized negative ids), LoRA and cache-salt namespaces, and
+token, unknown replies (synthesized negative ids), LoRA and cache-salt namespaces, logprob
+requests (``logprob_start_len`` caps their match), and
 memory tight enough for NO_TOKEN stalls and decode retraction. The specs'
 scenarios 15-16 and the lpm-beats-fcfs workload run in the same subprocess.
 """
@@ -45,17 +46,17 @@ CONFIGS = [
     (1, {}, False, 3, dict(BASE, schedule_policy="fcfs", overlap=False)),
     (1, {}, False, 3, dict(BASE, schedule_policy="fcfs", overlap=True)),
     (2, {}, False, 3, dict(BASE, schedule_policy="lpm", overlap=False)),
-    (2, {}, False, 3, dict(BASE, schedule_policy="lpm", overlap=True)),
+    (2, dict(p_logprob=0.3), False, 3, dict(BASE, schedule_policy="lpm", overlap=True)),
     (3, {}, False, 3, dict(BASE, schedule_policy="dfs-weight", overlap=True)),
     (3, {}, False, 3, dict(BASE, schedule_policy="dfs-weight", overlap=False)),
     (4, {}, False, 2, dict(BASE, schedule_policy="lof", overlap=True)),
     (5, {}, False, 2, dict(BASE, schedule_policy="random", overlap=True, random_seed=7)),
     (5, {}, False, 2, dict(BASE, schedule_policy="random", overlap=False, random_seed=3)),
     (6, {}, False, 3, dict(BASE, page_size=16, schedule_policy="fcfs", overlap=True)),
-    (7, {}, False, 3, dict(BASE, page_size=16, schedule_policy="lpm", overlap=False)),
+    (7, dict(p_logprob=0.3), False, 3, dict(BASE, page_size=16, schedule_policy="lpm", overlap=False)),
     (8, {}, False, 3, dict(BASE, schedule_policy="fcfs", overlap=True, chunked_prefill_size=0,
                            max_prefill_tokens=512)),
-    (9, {}, False, 3, dict(BASE, schedule_policy="lpm", overlap=True, chunked_prefill_size=64)),
+    (9, dict(p_logprob=0.3), False, 3, dict(BASE, schedule_policy="lpm", overlap=True, chunked_prefill_size=64)),
     (10, {}, False, 3, dict(BASE, schedule_policy="fcfs", overlap=True, max_running_requests=4)),
     (11, {}, False, 1.2, dict(BASE, schedule_policy="fcfs", overlap=True)),
     (12, dict(p_session=0.7), False, 4, dict(BASE, schedule_policy="lpm", overlap=True)),
@@ -63,7 +64,7 @@ CONFIGS = [
                                                         max_running_requests=32)),
     (14, RETRACT_MIX, True, 8, dict(RETRACT, schedule_policy="fcfs", overlap=True, schedule_conservativeness=0.3)),
     (14, RETRACT_MIX, True, 8, dict(RETRACT, schedule_policy="fcfs", overlap=False, schedule_conservativeness=0.3)),
-    (15, RETRACT_MIX, True, 8, dict(RETRACT, schedule_policy="lpm", overlap=True)),
+    (15, dict(RETRACT_MIX, p_logprob=0.3), True, 8, dict(RETRACT, schedule_policy="lpm", overlap=True)),
     (16, RETRACT_MIX, True, 12, dict(RETRACT, schedule_policy="lof", overlap=False, schedule_conservativeness=0.5)),
     (17, RETRACT_MIX, True, 8, dict(RETRACT, page_size=16, schedule_policy="fcfs", overlap=True,
                                     schedule_conservativeness=0.3)),
@@ -74,7 +75,8 @@ CONFIGS = [
     (20, dict(p_synth=0.5), False, 2, dict(BASE, schedule_policy="lpm", overlap=True)),
     (21, dict(p_namespace=0.6, p_session=0.6), False, 2, dict(BASE, schedule_policy="lpm", overlap=True)),
 ]
-RETRACTING = [k for k, c in enumerate(CONFIGS) if c[1] is RETRACT_MIX]
+RETRACTING = [k for k, c in enumerate(CONFIGS) if c[1].get("output_len") == RETRACT_MIX["output_len"]]
+LOGPROBS = [k for k, c in enumerate(CONFIGS) if c[1].get("p_logprob")]
 
 
 def _settings(w, stop: bool, factor: float, knobs: dict) -> SglangSchedSettings:
@@ -96,7 +98,7 @@ def runs(tmp_path_factory):
             w = with_stop_token(w)
         s = _settings(w, stop, factor, settings)
         path = sched_client.write_workload(tmp / f"w{k}.npz", w.prompts, w.outputs, w.arrival, w.priority,
-                                           loras=w.loras, salts=w.salts)
+                                           loras=w.loras, salts=w.salts, logprob_starts=w.logprob_starts)
         jobs.append(sglang_job(path, s))
         out.append((w, s))
     # the spec's scenarios 15-16 and the lpm-vs-fcfs workload run in the same subprocess
@@ -122,7 +124,7 @@ def _ids(c) -> str:
 def test_steps_match_sglang(runs, k):
     """Per request: cached tokens, first-token step, finish step, retractions, rejection equal SGLang's."""
     w, settings, real = runs[0][k]
-    ours = replay_sglang_steps(w.prompts, w.outputs, w.arrival, settings, w.loras, w.salts)
+    ours = replay_sglang_steps(w.prompts, w.outputs, w.arrival, settings, w.loras, w.salts, w.logprob_starts)
     np.testing.assert_array_equal(ours.rejected, real["rejected"])
     np.testing.assert_array_equal(ours.cached_tokens, real["cached"])
     np.testing.assert_array_equal(ours.first_token_step, real["first_token_step"])
@@ -137,6 +139,19 @@ def test_steps_match_sglang(runs, k):
 def test_retraction_happens(runs):
     """The over-committing workloads really retract running requests, in SGLang and in kvsim."""
     assert all(runs[0][k][2]["preemptions"].sum() > 0 for k in RETRACTING)
+
+
+def test_logprob_starts_cap_matches(runs):
+    """The logprob configurations hold requests whose start cuts their match short (radix.md §2.1),
+    and the cap changes what they get: without it they would hit more."""
+    for k in LOGPROBS:
+        w, settings, real = runs[0][k]
+        lengths = np.array([len(p) for p in w.prompts])
+        capped = (w.logprob_starts >= 0) & (w.logprob_starts < lengths - 1) & ~real["rejected"]
+        assert capped.sum() >= 20
+        assert (real["cached"][capped] <= w.logprob_starts[capped]).all()
+        uncapped = replay_sglang_steps(w.prompts, w.outputs, w.arrival, settings, w.loras, w.salts)
+        assert uncapped.cached_tokens[capped].sum() > real["cached"][capped].sum()
 
 
 def test_lpm_falls_back_above_128_waiting(runs):

@@ -10,7 +10,8 @@ The configurations cover block sizes 8-32, memory from "the largest request fits
 alone" upwards (preemption), token budgets 48-4096, ``max_num_seqs`` 2-256, the
 long-prefill threshold, FCFS and priority, the watermark, the full-sequence gate off,
 chunked prefill off, prefix caching off, unknown replies (synthesized ids), LoRA and
-cache-salt namespaces, and async scheduling on and off. The specs' scenarios X1-X6 run in
+cache-salt namespaces, prompt-logprob requests (they skip the cache read), and async
+scheduling on and off. The specs' scenarios X1-X6 run in
 the same subprocess and must give the spec's numbers.
 """
 from __future__ import annotations
@@ -59,15 +60,15 @@ CONFIGS = [
                              async_scheduling=False)),
     (13, LONG, 16, 1.0, dict(max_num_batched_tokens=128, max_num_seqs=16, reserve_full_isl=False,
                              async_scheduling=True)),
-    (14, dict(p_session=0.7), 16, 4.0, dict(max_num_batched_tokens=512, max_num_seqs=16, async_scheduling=True)),
-    (15, dict(p_repeat=0.4, **SHORT), 16, 1.0, dict(max_num_batched_tokens=256, max_num_seqs=16,
+    (14, dict(p_session=0.7, p_logprob=0.2), 16, 4.0, dict(max_num_batched_tokens=512, max_num_seqs=16, async_scheduling=True)),
+    (15, dict(p_repeat=0.4, p_logprob=0.2, **SHORT), 16, 1.0, dict(max_num_batched_tokens=256, max_num_seqs=16,
                                                    async_scheduling=True)),
     (16, {}, 16, 3.0, dict(max_num_batched_tokens=4096, max_num_seqs=256, enable_chunked_prefill=False,
                            max_model_len=4096, async_scheduling=False)),
     (17, {**SHORT, "output_len": (50, 200)}, 16, 1.0, dict(max_num_batched_tokens=256, max_num_seqs=64,
                                                             async_scheduling=False)),
-    (17, {**SHORT, "output_len": (50, 200)}, 16, 1.0, dict(max_num_batched_tokens=256, max_num_seqs=64,
-                                                            async_scheduling=True)),
+    (17, {**SHORT, "output_len": (50, 200), "p_logprob": 0.2}, 16, 1.0, dict(max_num_batched_tokens=256,
+                                                                              max_num_seqs=64, async_scheduling=True)),
     (18, dict(burst=(1, 1), gap=0.5), 16, 1.0, dict(max_num_batched_tokens=128, max_num_seqs=8,
                                                    async_scheduling=True)),
     (19, dict(priorities=8, output_len=(20, 120)), 16, 1.0, dict(policy="priority", max_num_batched_tokens=512,
@@ -82,6 +83,7 @@ CONFIGS = [
                                                               async_scheduling=True)),
 ]
 TIGHT = [k for k, c in enumerate(CONFIGS) if c[3] <= 1.0]
+LOGPROBS = [k for k, c in enumerate(CONFIGS) if c[1].get("p_logprob")]
 
 
 def _settings(trace, B: int, factor: float, knobs: dict) -> VllmSchedSettings:
@@ -100,7 +102,7 @@ def runs(tmp_path_factory):
         w = random_workload(seed, SchedMix(n=N, **knobs))
         s = _settings(w, B, factor, settings)
         path = sched_client.write_workload(tmp / f"w{k}.npz", w.prompts, w.outputs, w.arrival, w.priority,
-                                           loras=w.loras, salts=w.salts)
+                                           loras=w.loras, salts=w.salts, prompt_logprobs=w.prompt_logprobs)
         jobs.append(vllm_job(path, s))
         out.append((w, s))
     # the spec's scenarios run in the same subprocess
@@ -125,7 +127,8 @@ def _ids(c) -> str:
 def test_steps_match_vllm(runs, k):
     """Per request: cached tokens, first-token step, finish step, preemptions, rejection equal vLLM's."""
     w, settings, real = runs[0][k]
-    ours = replay_vllm_steps(w.prompts, w.outputs, w.arrival, settings, w.priority, w.loras, w.salts)
+    ours = replay_vllm_steps(w.prompts, w.outputs, w.arrival, settings, w.priority, w.loras, w.salts,
+                             w.prompt_logprobs)
     np.testing.assert_array_equal(ours.rejected, real["rejected"])
     np.testing.assert_array_equal(ours.cached_tokens, real["cached"])
     np.testing.assert_array_equal(ours.first_token_step, real["first_token_step"])
@@ -142,6 +145,17 @@ def test_tight_memory_preempts(runs):
     """Every configuration with memory for only the largest request preempts somewhere."""
     assert all(runs[0][k][2]["preemptions"].sum() > 0 for k in TIGHT)
     assert sum(int(r["preemptions"].sum()) for _, _, r in runs[0]) > 500
+
+
+def test_prompt_logprobs_skip_the_cache(runs):
+    """Prompt-logprob requests never read the cache in the real scheduler (SamplingParams'
+    skip_reading_prefix_cache), and would have hit without the flag."""
+    for k in LOGPROBS:
+        w, settings, real = runs[0][k]
+        asks = w.prompt_logprobs & ~real["rejected"]
+        assert asks.sum() >= 30 and (real["cached"][asks] == 0).all()
+        plain = replay_vllm_steps(w.prompts, w.outputs, w.arrival, settings, w.priority, w.loras, w.salts)
+        assert plain.cached_tokens[asks].sum() > 0
 
 
 @pytest.mark.parametrize("asynchronous", MODES, ids=["sync", "async"])

@@ -25,4 +25,12 @@ def test_help_imports_nothing_heavy():
 def test_simulate_on_a_small_token_log_imports_only_what_it_uses(tmp_path):
     log = tmp_path / "one.jsonl"
     log.write_text('{"prompt_token_ids": [1, 2, 3], "output_token_ids": [4]}\n')
-    assert imported_by(["--no-trace-cache", "simulate", str(log)]) == {"numpy", "numba"}
+    # a small replay is served by the readable model: no compiled kernels to load
+    assert imported_by(["--no-trace-cache", "simulate", str(log)]) == {"numpy"}
+    assert imported_by(["--no-trace-cache", "simulate", "--policy", "all", str(log)]) == {"numpy"}
+
+
+def test_simulate_on_a_small_chat_log_imports_only_what_it_uses(tmp_path):
+    log = tmp_path / "one.jsonl"
+    log.write_text('{"messages": [{"role": "user", "content": "Hello"}], "response": "Hi"}\n')
+    assert imported_by(["--no-trace-cache", "simulate", "--tokenizer", "bytes", str(log)]) == {"numpy"}

@@ -6,7 +6,7 @@ import numpy as np
 from kvsim.io.trace import Trace
 
 ARRAYS = ("offsets", "tokens", "output_lengths", "arrival", "output_offsets", "output_tokens", "output_known",
-          "tenant", "cache_salt", "lora", "session", "prompt_logprobs", "logprob_start_len", "request_ids",
+          "tenant", "cache_salt", "lora", "session", "prompt_logprobs", "logprob_start_len", "arrival_step", "request_ids",
           "msg_offsets", "msg_starts", "msg_roles")
 NAMES = ("tenant_names", "salt_names", "lora_names", "session_names", "role_names")
 META = ("tokenizer", "chat_template", "hash_block_size", "skipped_lines", "notes", "source_requests",

@@ -8,6 +8,9 @@ import typer
 
 from kvsim.cli.app import app, console
 from kvsim.cli.options import INPUT_DEFAULT
+from kvsim.cli.replay_options import (AsyncSchedulingOpt, CalibrationOpt, LongPrefillOpt, MaxNumBatchedTokensOpt,
+                                      MaxNumSeqsOpt, MaxPrefillTokensOpt, MaxRunningRequestsOpt, RandomSeedOpt,
+                                      SchedulePolicyOpt, SchedulingPolicyOpt, ServeReplayOpt, replay_mode)
 from kvsim.cli.options import (DEFAULT, BlockSizeOpt, CapacityOpt, EngineVersionOpt, EvictionOpt, GpuOpt,
                                GpuUtilOpt, KvCacheMemoryOpt, MaxTotalTokensOpt, MemFractionOpt, ModelOpt,
                                NumGpuBlocksOpt, PageSizeOpt, TemplateOpt, TokenizerOpt, sim_options)
@@ -22,6 +25,17 @@ _ENG = "Engine settings"
 def serve(
     policy: Annotated[str, typer.Option("--policy", "-p", help="apc (vLLM APC) or radix (SGLang RadixAttention).")]
     = "apc",
+    replay: ServeReplayOpt = "sequential",
+    calibration: CalibrationOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
+    max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
+    long_prefill_token_threshold: LongPrefillOpt = None,
+    scheduling_policy: SchedulingPolicyOpt = None,
+    async_scheduling: AsyncSchedulingOpt = None,
+    schedule_policy: SchedulePolicyOpt = None,
+    max_prefill_tokens: MaxPrefillTokensOpt = None,
+    max_running_requests: MaxRunningRequestsOpt = None,
+    random_seed: RandomSeedOpt = None,
     capacity: CapacityOpt = None,
     num_gpu_blocks: NumGpuBlocksOpt = None,
     max_total_tokens: MaxTotalTokensOpt = None,
@@ -95,14 +109,30 @@ def serve(
     (streaming too) get deterministic synthetic replies, and each response reports the
     prompt tokens the chosen cache model (vLLM APC or SGLang radix, the same model as
     [bold]kvsim simulate[/]) serves from its cache at that point of the request stream.
-    Requests are applied one at a time in arrival order. [bold]--record[/] writes a log that
+    Requests are applied one at a time in arrival order; with [bold]--replay timed[/] they go
+    through the engine's scheduler model in wall-clock time instead (shared batches, queueing,
+    preemption) and each reply takes its modelled time. [bold]--record[/] writes a log that
     [bold]kvsim simulate[/] replays to the same numbers; [bold]--upstream[/] forwards to a
     real server instead and records its cached_tokens beside kvsim's prediction
     ([bold]kvsim report RECORD.jsonl[/] compares them). Metrics at /metrics use the
     engine's own names.
     """
+    from kvsim.errors import ConfigError
     from kvsim.serve.config import ServeConfig, parse_lora_modules
     from kvsim.serve.server import serve as run_server
+
+    if replay not in ("sequential", "timed"):
+        raise ConfigError(f"unknown --replay {replay!r} for serve; choose sequential or timed")
+    if calibration is not None and replay == "sequential":
+        raise ConfigError("--calibration needs --replay timed")
+    mode = replay_mode(
+        replay, None, None, "logged", 1.0, calibration,
+        vllm=dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                  long_prefill_token_threshold=long_prefill_token_threshold, policy=scheduling_policy,
+                  async_scheduling=async_scheduling),
+        sglang=dict(schedule_policy=schedule_policy,
+                    max_prefill_tokens=max_prefill_tokens, max_running_requests=max_running_requests,
+                    random_seed=random_seed))
 
     options = sim_options(
         capacity, num_gpu_blocks, max_total_tokens, kv_cache_memory, model, gpu, gpu_memory_utilization,
@@ -116,5 +146,5 @@ def serve(
         max_model_len=max_model_len, default_max_tokens=default_max_tokens or None, finish=finish, seed=seed,
         host=host, port=port, api_key=api_key, max_body_bytes=max_body_bytes, record=record,
         record_text=record_text, upstream=upstream, upstream_api_key=upstream_api_key,
-        upstream_timeout=upstream_timeout)
+        upstream_timeout=upstream_timeout, replay_mode=mode)
     run_server(config, announce=lambda line: console.print(line, highlight=False, markup=False, soft_wrap=True))

@@ -12,6 +12,10 @@ from kvsim.cli.options import (DEFAULT, BlockSizeOpt, CapacityOpt, EngineVersion
                                GpuOpt, GpuUtilOpt, KvCacheMemoryOpt, LimitOpt, LogPaths, MaxTotalTokensOpt,
                                MemFractionOpt, ModelOpt, NumGpuBlocksOpt, OnErrorOpt, PageSizeOpt, PolicyOpt,
                                TemplateOpt, TokenizerOpt, TraceBlockOpt, WarmupOpt, load_from_cli, sim_options)
+from kvsim.cli.replay_options import (ArrivalFromOpt, ArrivalsOpt, AsyncSchedulingOpt, LongPrefillOpt,
+                                      MaxNumBatchedTokensOpt, MaxNumSeqsOpt, MaxPrefillTokensOpt,
+                                      MaxRunningRequestsOpt, RandomSeedOpt, ReplayOpt, SchedulePolicyOpt,
+                                      SchedulingPolicyOpt, SpeedupOpt, StepSecondsOpt, replay_mode)
 
 _ENG = "Engine settings"
 _OUT = "Output"
@@ -22,6 +26,20 @@ _RAD = "SGLang radix settings"
 def simulate(
     logs: LogPaths,
     policy: PolicyOpt = "apc",
+    replay: ReplayOpt = "sequential",
+    arrival_from: ArrivalFromOpt = None,
+    step_seconds: StepSecondsOpt = None,
+    arrivals: ArrivalsOpt = "logged",
+    speedup: SpeedupOpt = 1.0,
+    max_num_seqs: MaxNumSeqsOpt = None,
+    max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
+    long_prefill_token_threshold: LongPrefillOpt = None,
+    scheduling_policy: SchedulingPolicyOpt = None,
+    async_scheduling: AsyncSchedulingOpt = None,
+    schedule_policy: SchedulePolicyOpt = None,
+    max_prefill_tokens: MaxPrefillTokensOpt = None,
+    max_running_requests: MaxRunningRequestsOpt = None,
+    random_seed: RandomSeedOpt = None,
     capacity: CapacityOpt = None,
     num_gpu_blocks: NumGpuBlocksOpt = None,
     max_total_tokens: MaxTotalTokensOpt = None,
@@ -37,16 +55,18 @@ def simulate(
     hash_algo: Annotated[str, typer.Option("--hash-algo", help="APC block hash: fast, sha256 or sha256_cbor "
                                            "(the last two reproduce vLLM's hash bytes).",
                                            rich_help_panel=_ENG)] = DEFAULT["hash_algo"],
-    concurrency: Annotated[int, typer.Option("--concurrency", help="1 = sequential replay (the only mode so far).",
-                                             rich_help_panel=_ENG, hidden=True)] = DEFAULT["concurrency"],
+    concurrency: Annotated[int, typer.Option("--concurrency", help="Retired: use --replay steps|timed.",
+                                             rich_help_panel=_ENG, hidden=True)] = 1,
     radix_tree: Annotated[str, typer.Option("--radix-tree", help="SGLang tree: unified (what a default 0.5.23 "
                                             "server builds) or classic (RadixCache).",
                                             rich_help_panel=_RAD)] = DEFAULT["radix_tree"],
     disable_overlap_schedule: Annotated[bool, typer.Option(
-        "--disable-overlap-schedule", help="SGLang's non-overlap scheduler (default: overlap on, as SGLang).",
+        "--disable-overlap-schedule", help="SGLang's non-overlap scheduler (default: overlap on, as SGLang; "
+        "also for --replay steps|timed).",
         rich_help_panel=_RAD)] = not DEFAULT["radix_overlap"],
     chunked_prefill_size: Annotated[Optional[int], typer.Option(
-        "--chunked-prefill-size", help="SGLang's chunk size (-1 off; default: SGLang's for --gpu, else 4096).",
+        "--chunked-prefill-size", help="SGLang's chunk size (-1 off; default: SGLang's for --gpu, else 4096; "
+        "also for --replay steps|timed).",
         rich_help_panel=_RAD, show_default=False)] = None,
     finish: Annotated[str, typer.Option("--finish", help="How replies end: length (at the logged length) or "
                                         "stop (a stop token).", rich_help_panel=_RAD)] = DEFAULT["radix_finish"],
@@ -59,7 +79,8 @@ def simulate(
         "--per-request", help="Write one JSON line per request (and policy).", rich_help_panel=_OUT,
         show_default=False)] = None,
     calibration: Annotated[Optional[Path], typer.Option(
-        "--calibration", help="gpu-validate calibration JSON: estimate TTFT and GPU-seconds saved.",
+        "--calibration", help="gpu-validate calibration JSON: estimate TTFT and GPU-seconds saved "
+        "(--replay timed: the cost of a step, instead of the roofline of --model on --gpu).",
         rich_help_panel=_OUT, show_default=False)] = None,
     html: Annotated[Optional[Path], typer.Option(
         "--html", help="Also write the HTML report at this capacity (PNGs next to it), as kvsim report.",
@@ -87,16 +108,35 @@ def simulate(
     from kvsim.replay.simulate import per_request_rows, run_simulation, simulation_json
     from kvsim.warmup import apply_warmup, parse_warmup
 
+    from kvsim.errors import ConfigError
+
     names = resolve_policies(policy)
     parse_warmup(warmup)
+    if concurrency != 1:
+        raise ConfigError("--concurrency is retired: use --replay steps or --replay timed")
+    mode = replay_mode(
+        replay, arrival_from, step_seconds, arrivals, speedup, calibration,
+        vllm=dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                  long_prefill_token_threshold=long_prefill_token_threshold, policy=scheduling_policy,
+                  async_scheduling=async_scheduling),
+        sglang=dict(schedule_policy=schedule_policy,
+                    max_prefill_tokens=max_prefill_tokens, max_running_requests=max_running_requests,
+                    random_seed=random_seed))
     options = sim_options(
         capacity, num_gpu_blocks, max_total_tokens, kv_cache_memory, model, gpu, gpu_memory_utilization,
         mem_fraction_static, block_size=block_size, page_size=page_size, eviction_policy=eviction,
-        engine_version=engine_version, hash_algo=hash_algo, concurrency=concurrency,
+        engine_version=engine_version, hash_algo=hash_algo,
         extra=dict(radix_tree=radix_tree, overlap=not disable_overlap_schedule, finish=finish,
                    eviction_amount=eviction_amount,
                    **({} if chunked_prefill_size is None else {"chunked_prefill_size": chunked_prefill_size})),
     )
+    if mode is not None:
+        from kvsim.cli.simulate_concurrent import simulate_concurrent
+
+        simulate_concurrent(logs, names, options, mode, json_out, per_request, html, warmup,
+                            dict(fmt=fmt, tokenizer=tokenizer, chat_template=chat_template,
+                                 trace_block_size=trace_block_size, on_error=on_error, limit=limit))
+        return
     _check_settings(names, options)  # fail on bad settings before reading a large log
     for out in (json_out, per_request, html):
         if out is not None:
@@ -110,13 +150,15 @@ def simulate(
     runs = run_simulation(trace, names, options, progress=True)
     window = apply_warmup(runs, len(trace), warmup)
     render_simulation(console, trace, runs, options, calibration=calib)
+    console.print("[dim]Replay: sequential (one request at a time; --replay steps|timed for the engines' "
+                  "schedulers under load).[/]")
     if window.active:
         console.print(f"[dim]Warm-up: {window.describe(len(trace))} (SGLang's logged rate, a whole-run figure, "
                       "is not shown).[/]")
     if json_out is not None:
         from kvsim.outputs import write_json
 
-        data = simulation_json(trace, runs, options, calibration=calib)
+        data = {"mode": "sequential", **simulation_json(trace, runs, options, calibration=calib)}
         if window.active:
             data["warmup"] = window.as_dict(len(trace))
         write_json(json_out, data)

@@ -72,6 +72,7 @@ class Part:
     codes: dict[str, np.ndarray] = field(default_factory=dict)  # CATEGORIES -> int32 (n,)
     prompt_logprobs: np.ndarray | None = None
     logprob_start_len: np.ndarray | None = None   # int64 (n,), -1 = none
+    arrival_step: np.ndarray | None = None        # int64 (n,), -1 = none
     request_ids: list[str | None] | None = None
     msg_counts: np.ndarray | None = None      # int64 (n,)
     msg_starts: np.ndarray | None = None      # int64: token offset of each message in its prompt
@@ -137,6 +138,8 @@ class TraceBuilder:
                                   else np.zeros(p.n, bool) for p in parts], bool),
             logprob_start_len=_cat([p.logprob_start_len if p.logprob_start_len is not None
                                     else np.full(p.n, -1, np.int64) for p in parts], np.int64),
+            arrival_step=_cat([p.arrival_step if p.arrival_step is not None
+                               else np.full(p.n, -1, np.int64) for p in parts], np.int64),
             request_ids=self._request_ids(parts, n),
             meta=meta,
             **self._categorical(parts),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import chain
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -21,13 +21,16 @@ from kvsim.io.templates import RenderedPieces
 from kvsim.io.tokenizers import Tokenizer
 from kvsim.io.trace import NONE, narrow_tokens
 
+if TYPE_CHECKING:
+    from kvsim.io.message_tokens import MessageTokens, PieceRefs
+
 
 @dataclass(slots=True)
 class PendingRequest:
     """One request as parsed from a record, before tokenization."""
 
     prompt_text: str | None = None            # text to tokenize, or
-    prompt_pieces: RenderedPieces | None = None  # ... a chat prompt rendered in pieces, or
+    prompt_pieces: RenderedPieces | PieceRefs | None = None  # ... a chat prompt in pieces, or
     prompt_ids: np.ndarray | None = None      # ... token ids given by the log
     msg_chars: list[int] | None = None        # character offset where each message starts
     msg_roles: list[int] | None = None        # role codes
@@ -44,6 +47,7 @@ class PendingRequest:
     request_id: str | None = None
     prompt_logprobs: bool = False
     logprob_start_len: int = -1
+    arrival_step: int = -1
 
     @property
     def weight(self) -> int:
@@ -51,14 +55,14 @@ class PendingRequest:
         if self.prompt_text is not None:
             n = len(self.prompt_text)
         elif self.prompt_pieces is not None:
-            n = sum(map(len, self.prompt_pieces.pieces))
+            n = self.prompt_pieces.weight
         else:
             n = 4 * len(self.prompt_ids)
         return n + (len(self.reply) if self.reply else 0)
 
 
 def encode_requests(batch: Sequence[PendingRequest], source: int, tok: Tokenizer | None,
-                    eot_id: int | None, pieces: PieceEncoder | None = None) -> Part:
+                    eot_id: int | None, pieces: PieceEncoder | MessageTokens | None = None) -> Part:
     """Tokenize a batch of requests (in bulk) and return it as columns."""
     n = len(batch)
     prompts: list = [r.prompt_ids for r in batch]
@@ -126,6 +130,7 @@ def encode_requests(batch: Sequence[PendingRequest], source: int, tok: Tokenizer
                for c in ("tenant", "cache_salt", "lora", "session")},
         prompt_logprobs=np.fromiter((r.prompt_logprobs for r in batch), bool, count=n),
         logprob_start_len=np.fromiter((r.logprob_start_len for r in batch), np.int64, count=n),
+        arrival_step=np.fromiter((r.arrival_step for r in batch), np.int64, count=n),
         request_ids=[r.request_id for r in batch] if any(r.request_id is not None for r in batch) else None,
     )
     if chat or piecewise:

@@ -47,4 +47,7 @@ def _line(trace: Trace, tokens, i: int) -> str:
     start = int(trace.logprob_start_len[i])
     if start != (0 if trace.prompt_logprobs[i] else -1):  # not what prompt_logprobs alone implies
         parts.append(f'"logprob_start_len":{start}')
+    step = int(trace.arrival_step[i])
+    if step >= 0:
+        parts.append(f'"arrival_step":{step}')
     return "{" + ",".join(parts) + "}\n"

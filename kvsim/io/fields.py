@@ -163,6 +163,7 @@ class CommonFields:
     reply: str | None = None                  # logged reply text
     prompt_logprobs: bool = False             # vLLM: asks for prompt logprobs (skips the cache read)
     logprob_start_len: int = -1               # SGLang: logprob start (-1: none); caps its prefix match
+    arrival_step: int = -1                    # engine step the request arrives at (-1: none)
     model: str | None = None
 
 
@@ -204,7 +205,20 @@ def common_fields(rec: dict) -> CommonFields:
         if usage.get("completion_tokens") is not None:
             f.logged_output = length(usage["completion_tokens"], "usage.completion_tokens")
     f.prompt_logprobs, f.logprob_start_len = logprob_fields(rec)
+    f.arrival_step = arrival_step(rec)
     return f
+
+
+def arrival_step(rec: dict) -> int:
+    """The optional ``arrival_step``: the engine step a request arrives at (``--replay steps``)."""
+    step = rec.get("arrival_step")
+    if step is None:
+        return -1
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise BadRecord(f"arrival_step must be an integer >= 0, got {step!r}")
+    if step > MAX_LENGTH:
+        raise BadRecord(f"arrival_step is implausibly large ({step})")
+    return step
 
 
 def logprob_fields(rec: dict) -> tuple[bool, int]:

@@ -11,6 +11,7 @@ One row per request:
 | ``tenant``, ``cache_salt``, ``lora``, ``session``, ``request_id`` | string, null for none | |
 | ``prompt_logprobs`` | bool | vLLM: the request asks for prompt logprobs |
 | ``logprob_start_len`` | int64, null for none | SGLang: where the request's logprobs start |
+| ``arrival_step`` | int64, null for none | the engine step the request arrives at (``--replay steps``) |
 | ``msg_starts``, ``msg_roles`` | list of int64 / string: token offset and role of each chat message | |
 
 The schema metadata ``kvsim`` (JSON) keeps what the rows do not: how the tokens were made
@@ -82,6 +83,9 @@ def trace_table(trace: Trace):
     cols["prompt_logprobs"] = pa.array(np.asarray(trace.prompt_logprobs, bool))
     start = np.asarray(trace.logprob_start_len, np.int64)
     cols["logprob_start_len"] = pa.array(start, mask=start < 0)
+    step = np.asarray(trace.arrival_step, np.int64)
+    if (step >= 0).any():
+        cols["arrival_step"] = pa.array(step, mask=step < 0)
     if trace.msg_offsets is not None:
         cols["msg_starts"] = pa.LargeListArray.from_arrays(pa.array(trace.msg_offsets), pa.array(trace.msg_starts))
         roles = _strings(pa, trace.msg_roles, trace.role_names, "msg_roles").cast(pa.string())

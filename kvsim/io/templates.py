@@ -65,6 +65,11 @@ class RenderedPieces(NamedTuple):
     starts: list[tuple[int, int]]
     roles: list[str]
 
+    @property
+    def weight(self) -> int:
+        """Characters of the prompt (sizes tokenization batches)."""
+        return sum(map(len, self.pieces))
+
     def joined(self) -> RenderedChat:
         """The same rendering as one text."""
         offsets, pos = [], 0
@@ -75,32 +80,58 @@ class RenderedPieces(NamedTuple):
 
 
 @dataclass(frozen=True)
+class LocalForm:
+    """A template that renders each message on its own: ``head`` (when there is a message),
+    then each message's piece, then the generation prompt ``tail``. Message 0 starts at the
+    head; message *k* at its own piece. Its pieces can be cached per message (see
+    :mod:`kvsim.io.message_tokens`).
+
+    ``parts(role, content)`` gives a message's piece as (template text before, the message
+    text, template text after), so that an assistant message's text can be matched with the
+    reply it repeats."""
+
+    head: str
+    parts: Callable[[str, str], tuple[str, str, str]]
+    tail: str
+
+    def message(self, role: str, content: str) -> str:
+        """The piece of one message."""
+        return "".join(self.parts(role, content))
+
+    def render_pieces(self, messages: Sequence[Message]) -> RenderedPieces:
+        head = [self.head] if self.head else []
+        pieces = [*head, *[self.message(role, content) for role, content in messages], self.tail]
+        first = len(head)
+        starts = [(0, 0), *[(first + k, 0) for k in range(1, len(messages))]] if messages else []
+        return RenderedPieces(pieces, starts, [r for r, _ in messages])
+
+
+@dataclass(frozen=True)
 class ChatTemplate:
     name: str
     bos: str                      # what starts every prompt (also prepended to completions)
     eot: str                      # appended to a generated reply (end of the assistant turn)
     special_tokens: tuple[str, ...]
     render_pieces: Callable[[Sequence[Message]], RenderedPieces] = field(compare=False)
+    local: LocalForm | None = field(default=None, compare=False)  # when each message renders alone
 
     def render(self, messages: Sequence[Message]) -> RenderedChat:
         """The prompt text with the generation prompt appended, and where each message starts."""
         return self.render_pieces(messages).joined()
 
 
-def _llama3(messages: Sequence[Message]) -> RenderedPieces:
-    # bos_token + content for the first message: the BOS is a piece of its own, owned by message 0
-    pieces = ["<|begin_of_text|>",
-              *[f"<|start_header_id|>{role}<|end_header_id|>\n\n{content.strip()}<|eot_id|>"
-                for role, content in messages],
-              "<|start_header_id|>assistant<|end_header_id|>\n\n"]
-    starts = [(0, 0), *[(k, 0) for k in range(2, len(messages) + 1)]] if messages else []
-    return RenderedPieces(pieces, starts, [r for r, _ in messages])
+def _local(name: str, bos: str, eot: str, specials: tuple[str, ...], form: LocalForm) -> ChatTemplate:
+    return ChatTemplate(name, bos, eot, specials, form.render_pieces, form)
 
 
-def _chatml(messages: Sequence[Message]) -> RenderedPieces:
-    pieces = [f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in messages]
-    pieces.append("<|im_start|>assistant\n")
-    return RenderedPieces(pieces, [(k, 0) for k in range(len(messages))], [r for r, _ in messages])
+# bos_token + content for the first message: the BOS is a piece of its own, owned by message 0
+_LLAMA3 = LocalForm("<|begin_of_text|>",
+                    lambda role, content: (f"<|start_header_id|>{role}<|end_header_id|>\n\n", content.strip(),
+                                           "<|eot_id|>"),
+                    "<|start_header_id|>assistant<|end_header_id|>\n\n")
+_CHATML = LocalForm("", lambda role, content: (f"<|im_start|>{role}\n", content, "<|im_end|>\n"),
+                    "<|im_start|>assistant\n")
+_PLAIN = LocalForm("", lambda role, content: (f"{role}: ", content, "\n\n"), "assistant: ")
 
 
 def _mistral(messages: Sequence[Message]) -> RenderedPieces:
@@ -139,20 +170,13 @@ def _mistral(messages: Sequence[Message]) -> RenderedPieces:
     return RenderedPieces(pieces, starts, [r for r, _ in messages])
 
 
-def _plain(messages: Sequence[Message]) -> RenderedPieces:
-    pieces = [f"{role}: {content}\n\n" for role, content in messages]
-    pieces.append("assistant: ")
-    return RenderedPieces(pieces, [(k, 0) for k in range(len(messages))], [r for r, _ in messages])
-
-
 BUILTIN: dict[str, ChatTemplate] = {
-    "llama3": ChatTemplate("llama3", "<|begin_of_text|>", "<|eot_id|>",
-                           ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-                            "<|eot_id|>", "<|end_of_text|>"), _llama3),
-    "chatml": ChatTemplate("chatml", "", "<|im_end|>", ("<|im_start|>", "<|im_end|>", "<|endoftext|>"),
-                           _chatml),
+    "llama3": _local("llama3", "<|begin_of_text|>", "<|eot_id|>",
+                     ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                      "<|end_of_text|>"), _LLAMA3),
+    "chatml": _local("chatml", "", "<|im_end|>", ("<|im_start|>", "<|im_end|>", "<|endoftext|>"), _CHATML),
     "mistral": ChatTemplate("mistral", "<s>", "</s>", ("<s>", "</s>", "[INST]", "[/INST]"), _mistral),
-    "plain": ChatTemplate("plain", "", "", (), _plain),
+    "plain": _local("plain", "", "", (), _PLAIN),
 }
 
 

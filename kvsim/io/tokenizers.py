@@ -80,8 +80,30 @@ class Tokenizer(ABC):
         tokenized on its own."""
         return None
 
+    def joins(self, left: str, right: str, right_plain: bool = False) -> bool:
+        """Is ``encode(left + right)`` sure to be ``encode(left) + encode(right)``? (False
+        when that is not known.) ``right_plain``: the caller knows ``right`` holds no special
+        token (its ids hold no special token id)."""
+        return False
+
+    @property
+    def first_special_id(self) -> int:
+        """Every ordinary token id is below this (0: not known), so ids below it hold no
+        special token."""
+        return 0
+
     def _byte_lengths(self, ids: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+
+def _straddled(left: str, right: str, specials: tuple[str, ...], right_plain: bool) -> bool:
+    """Could a special token of left + right span the place where they meet, or is there
+    one in ``right`` (not looked for when ``right_plain``)?"""
+    longest = max(map(len, specials), default=0)
+    if longest == 0:
+        return False
+    window = left[max(0, len(left) - longest + 1):] + right[:longest - 1] if longest > 1 else ""
+    return any(s in window for s in specials) or (not right_plain and any(s in right for s in specials))
 
 
 @functools.lru_cache(maxsize=64)
@@ -137,6 +159,11 @@ class TiktokenTokenizer(Tokenizer):
 
     def encode(self, text: str) -> list[int]:
         return self._enc.encode(text, allowed_special="all")
+
+    @functools.cached_property
+    def first_special_id(self) -> int:
+        low = min(self.special_token_ids.values(), default=0)
+        return low if max(self._enc._mergeable_ranks.values(), default=-1) < low else 0
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         # tiktoken releases the GIL in its Rust core: a thread per core pays.
@@ -194,6 +221,51 @@ class TiktokenTokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._enc.decode(list(ids))
+
+    def joins(self, left: str, right: str, right_plain: bool = False) -> bool:
+        # encode() cuts the text at special tokens, then cuts each ordinary run with the
+        # encoding's pattern and encodes each match on its own (BPE within a match). So the
+        # ids of left + right are left's then right's when no special token spans the join,
+        # the pattern's matches over left's last ordinary run + right end exactly at the
+        # join and, before it, equal the matches over that run alone. After the join they
+        # are right's own matches: the pattern looks neither behind nor at the start of the
+        # text (checked once), and right ends where left + right does.
+        specials = self.split_first()
+        if not right or right[0].isspace() or _straddled(left, right, specials, right_plain) or self._pattern is None:
+            return False
+        start = max((left.rfind(s) + len(s) for s in specials if s in left), default=0)
+        run = left[start:]
+        if not run:
+            return True  # left ends with a special token: encode() cuts there anyway
+        # A match that starts in run and reaches past right[0] (not a space) returns False
+        # however far it goes, and a match ending at the join looks at most one character
+        # ahead: the start of right decides (a cut can only make the answer False).
+        spans = []
+        for m in self._pattern.finditer(run + right[:64]):
+            if m.end() > len(run):
+                return False
+            spans.append(m.span())
+            if m.end() == len(run):
+                break
+        return spans == self._run_matches(run)
+
+    @functools.cached_property
+    def _pattern(self):
+        """The encoding's pattern (compiled with ``regex``, the package tiktoken itself
+        requires), or None if it looks behind or at the start of the text (a match could then
+        depend on what precedes it) or ``regex`` is missing."""
+        pat = self._enc._pat_str
+        if re.search(r"\(\?<[=!]|\\[bBAGz]|(?<!\[)\^", pat):
+            return None
+        try:
+            import regex
+        except ImportError:
+            return None
+        return regex.compile(pat)
+
+    @functools.lru_cache(maxsize=256)
+    def _run_matches(self, run: str) -> list[tuple[int, int]]:
+        return [m.span() for m in self._pattern.finditer(run)]
 
     def split_first(self) -> tuple[str, ...]:
         # encode(allowed_special="all") finds the next special token, encodes the ordinary
@@ -348,6 +420,14 @@ class BytesTokenizer(Tokenizer):
 
     def split_first(self) -> tuple[str, ...]:
         return tuple(self.special_token_ids)
+
+    @property
+    def first_special_id(self) -> int:
+        return 256
+
+    def joins(self, left: str, right: str, right_plain: bool = False) -> bool:
+        # one id per byte between special tokens: only a special token across the join matters
+        return not _straddled(left, right, tuple(self.special_token_ids), right_plain)
 
     def decode(self, ids: Iterable[int]) -> str:
         parts: list[str] = []

@@ -54,6 +54,7 @@ class Trace:
     session: np.ndarray | None = None      # int32 codes into session_names
     prompt_logprobs: np.ndarray | None = None  # bool (n,): request asked vLLM for prompt logprobs
     logprob_start_len: np.ndarray | None = None  # int64 (n,): SGLang logprob start, -1 = none
+    arrival_step: np.ndarray | None = None  # int64 (n,): logged engine step of arrival, -1 = none
     request_ids: np.ndarray | None = None  # object (n,) of str; default "0", "1", ...
     tenant_names: list[str] = field(default_factory=list)
     salt_names: list[str] = field(default_factory=list)
@@ -82,6 +83,8 @@ class Trace:
         if self.logprob_start_len is None:  # a prompt-logprob request starts at 0 (docs/engines/radix.md §2.1)
             self.logprob_start_len = np.where(self.prompt_logprobs, 0, -1).astype(np.int64)
         self.logprob_start_len = np.asarray(self.logprob_start_len, np.int64)
+        self.arrival_step = (np.full(n, -1, np.int64) if self.arrival_step is None
+                             else np.asarray(self.arrival_step, np.int64))
         if self.output_known is None:
             self.output_known = np.zeros(n, dtype=bool)
         if self.output_offsets is None:
@@ -150,12 +153,14 @@ class Trace:
         prompt_logprobs: list[bool] | None = None,
         request_ids: list[str] | None = None,
         logprob_start_len: list[int] | None = None,
+        arrival_step: list[int] | None = None,
     ) -> "Trace":
         """Build a trace from token-id lists (handy in tests and notebooks).
 
         ``outputs`` gives logged output token ids per request (None where unknown);
         ``output_lengths`` defaults to their lengths, or 1 when unknown.
         ``logprob_start_len`` (SGLang's, -1 = none) defaults to 0 for prompt-logprob requests.
+        ``arrival_step`` (-1 = none) is the engine step each request arrives at (``--replay steps``).
         """
         n = len(prompts)
         arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
@@ -190,6 +195,7 @@ class Trace:
             session=codes["session"][0], session_names=codes["session"][1],
             prompt_logprobs=None if prompt_logprobs is None else np.asarray(prompt_logprobs, bool),
             logprob_start_len=None if logprob_start_len is None else np.asarray(logprob_start_len, np.int64),
+            arrival_step=None if arrival_step is None else np.asarray(arrival_step, np.int64),
             request_ids=None if request_ids is None else np.asarray(request_ids, dtype=object),
         )
 
@@ -222,7 +228,7 @@ class Trace:
             output_known=self.output_known[idx],
             tenant=self.tenant[idx], cache_salt=self.cache_salt[idx], lora=self.lora[idx],
             session=self.session[idx], prompt_logprobs=self.prompt_logprobs[idx],
-            logprob_start_len=self.logprob_start_len[idx],
+            logprob_start_len=self.logprob_start_len[idx], arrival_step=self.arrival_step[idx],
             request_ids=None if self.request_ids is None else self.request_ids[idx],
             **msg,
         )

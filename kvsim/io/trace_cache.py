@@ -40,7 +40,7 @@ ENV_OFF = "KVSIM_NO_TRACE_CACHE"
 ENV_MAX = "KVSIM_TRACE_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 20 << 30
 #: bump when what a trace holds for the same log and options changes
-TRACE_FORMAT = 1
+TRACE_FORMAT = 2   # 2: arrival_step
 RACY_NS = 2_000_000_000
 _HASH_CHUNK = 1 << 20
 

@@ -21,11 +21,11 @@ import numpy as np
 from kvsim.io.trace import Trace, TraceMeta
 
 MAGIC = b"KVSIMTRC"
-VERSION = 1
+VERSION = 2   # 2: arrival_step
 _ALIGN = 64
 _PREFIX = struct.Struct("<8sIQ")
 ARRAYS = ("offsets", "tokens", "output_lengths", "arrival", "output_offsets", "output_tokens", "output_known",
-          "tenant", "cache_salt", "lora", "session", "prompt_logprobs", "logprob_start_len", "msg_offsets",
+          "tenant", "cache_salt", "lora", "session", "prompt_logprobs", "logprob_start_len", "arrival_step", "msg_offsets",
           "msg_starts", "msg_roles")
 NAMES = ("tenant_names", "salt_names", "lora_names", "session_names", "role_names")
 

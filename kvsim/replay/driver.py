@@ -19,6 +19,12 @@ from kvsim.replay.requests import workload
 from kvsim.replay.result import ReplayResult
 
 
+#: a replay of at most this many tokens (prompts and outputs) is served by the readable model,
+#: which gives the fast engine's results without loading its compiled kernels (a command on a
+#: small log starts in a fraction of a second)
+SMALL_REPLAY_TOKENS = 1 << 15
+
+
 def replay(policy: str, trace: Trace, options: SimOptions | None = None, progress: Progress | None = None,
            implementation: str = "fast") -> ReplayResult:
     """Replay ``trace`` sequentially through ``policy`` ("apc" or "radix").
@@ -26,13 +32,21 @@ def replay(policy: str, trace: Trace, options: SimOptions | None = None, progres
     ``implementation="reference"`` runs the readable model, which gives identical results,
     slowly. ``progress(done, total)`` is called now and then.
     """
+    if implementation == "fast" and small_replay(trace):
+        return replay_detailed(policy, trace, options, progress, "reference", reported_as="fast")[0]
     return replay_detailed(policy, trace, options, progress, implementation)[0]
 
 
+def small_replay(trace: Trace) -> bool:
+    """Is the trace small enough for the readable model to serve as fast as the kernels load?"""
+    return trace.num_prompt_tokens + int(trace.output_lengths.sum()) <= SMALL_REPLAY_TOKENS
+
+
 def replay_detailed(policy: str, trace: Trace, options: SimOptions | None = None,
-                    progress: Progress | None = None,
-                    implementation: str = "fast") -> tuple[ReplayResult, SequentialCache]:
-    """:func:`replay`, plus the engine in its final state (APC: ``final_state()``; radix: ``tree``)."""
+                    progress: Progress | None = None, implementation: str = "fast",
+                    reported_as: str | None = None) -> tuple[ReplayResult, SequentialCache]:
+    """:func:`replay`, plus the engine in its final state (APC: ``final_state()``; radix: ``tree``).
+    ``reported_as`` names the implementation in the result (default: ``implementation``)."""
     design = get_design(policy)
     engine_class = design.implementation(implementation)
     settings = design.settings_type().from_options(options or SimOptions())
@@ -42,7 +56,7 @@ def replay_detailed(policy: str, trace: Trace, options: SimOptions | None = None
     t0 = time.perf_counter()
     cols = cache.replay(work, progress)
     elapsed = time.perf_counter() - t0
-    config, extra, read_cache = design.reporter()(settings, implementation, cache, work, cols)
+    config, extra, read_cache = design.reporter()(settings, reported_as or implementation, cache, work, cols)
     result = ReplayResult(
         policy=policy, config=config, cached_tokens=cols.cached_tokens, rejected=cols.rejected,
         read_cache=read_cache, evictions=cols.evictions, evicted_tokens=cols.evicted_tokens,

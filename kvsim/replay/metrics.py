@@ -106,15 +106,25 @@ def per_request_frame(result: ReplayResult, trace: Trace) -> pd.DataFrame:
         "cache_read_skipped": ~result.rejected & ~result.read_cache,
         "evicted_tokens": result.evicted_tokens,
     })
-    for column in ("tenant", "cache_salt", "lora", "session"):
-        codes = getattr(trace, column)
-        if (codes != NONE).any():
-            # object dtype keeps None (JSON null) for requests without a value
-            frame[column] = pd.Series([trace.name_of(column, int(c)) for c in codes], dtype=object)
+    for name, column in category_columns(trace).items():
+        frame[name] = column
     m = counted(result)
     if not m.all():
         frame = frame[m].reset_index(drop=True)  # warm-up requests are left out
     return frame
+
+
+def category_columns(trace: Trace) -> dict[str, pd.Series]:
+    """The tenant / cache_salt / lora / session names per request, for the columns the trace has."""
+    import pandas as pd
+
+    out = {}
+    for column in ("tenant", "cache_salt", "lora", "session"):
+        codes = getattr(trace, column)
+        if (codes != NONE).any():
+            # object dtype keeps None (JSON null) for requests without a value
+            out[column] = pd.Series([trace.name_of(column, int(c)) for c in codes], dtype=object)
+    return out
 
 
 def breakdown(result: ReplayResult, trace: Trace, column: str) -> pd.DataFrame:

@@ -97,12 +97,13 @@ class Timeline:
     decode_tokens: np.ndarray | None = None
 
 
-def run(engine: SteppedEngine, releases: Releases, cost=None) -> tuple[int, Timeline]:
+def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> tuple[int, Timeline]:
     """Drive ``engine`` until every request is released and finished.
 
     With a step-cost model ``cost`` the clock is in seconds (timed replay) and steps are
     numbered 0, 1, 2, ...; without, the clock is the step number itself, jumps included.
     Returns the clock at the end (steps) or the number of steps (timed), and the timeline.
+    ``progress(done)`` is called now and then with the number of requests finished or rejected.
     """
     n = len(releases.at)
     result = engine.result
@@ -142,8 +143,11 @@ def run(engine: SteppedEngine, releases: Releases, cost=None) -> tuple[int, Time
             heapq.heappush(pending, (when + gap[j], j))
 
     now = 0.0 if timed else 0
-    step = seen = 0
+    step = seen = turns = 0
     while True:
+        turns += 1
+        if progress is not None and turns % 512 == 0:
+            progress(len(result.finished) + int(result.rejected.sum()))
         if not engine.has_work():
             engine.idle()
             if not pending:
@@ -175,6 +179,8 @@ def run(engine: SteppedEngine, releases: Releases, cost=None) -> tuple[int, Time
             if i in followers:
                 release_followers(i, line.step_end[result.finish_step[i]] if timed else now)
     line.released = released
+    if progress is not None:
+        progress(n)
     return (step if timed else now), line
 
 

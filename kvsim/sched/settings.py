@@ -17,7 +17,7 @@ from __future__ import annotations
 from kvsim.models import GiB, apc_num_gpu_blocks, gpu_memory_bytes, radix_max_total_tokens
 from kvsim.replay.options import SimOptions
 from kvsim.cache.radix.settings import sglang_chunked_prefill_size
-from kvsim.sched.sglang_scheduler import SglangSchedSettings
+from kvsim.sched.sglang_scheduler import SglangSchedSettings, default_max_running_requests
 from kvsim.sched.vllm_scheduler import VllmSchedSettings
 
 UNLIMITED_BLOCKS = 1 << 22      # an "unlimited" cache for the step replay: 64M tokens at B = 16
@@ -35,10 +35,15 @@ def vllm_budget_defaults(gpu: str | None) -> tuple[int, int, str]:
     return 2048, 256, "vLLM's generic defaults (no --gpu)"
 
 
-def vllm_settings(options: SimOptions, **overrides) -> tuple[VllmSchedSettings, str]:
-    """vLLM scheduler settings for ``options``; explicit overrides win over the defaults."""
+def vllm_settings(options: SimOptions, unlimited_blocks: int | None = None,
+                  **overrides) -> tuple[VllmSchedSettings, str]:
+    """vLLM scheduler settings for ``options``; explicit overrides win over the defaults.
+
+    Without a capacity the pool is "unlimited": ``unlimited_blocks`` (enough for every request
+    of the workload at once, so nothing is ever evicted) or at most ``UNLIMITED_BLOCKS``.
+    """
     tokens, seqs, note = vllm_budget_defaults(options.gpu)
-    blocks = apc_num_gpu_blocks(options) or UNLIMITED_BLOCKS
+    blocks = apc_num_gpu_blocks(options) or min(unlimited_blocks or UNLIMITED_BLOCKS, UNLIMITED_BLOCKS)
     knobs = {"max_num_batched_tokens": tokens, "max_num_seqs": seqs,
              **{k: v for k, v in overrides.items() if v is not None}}
     if "max_num_batched_tokens" in overrides or "max_num_seqs" in overrides:
@@ -47,11 +52,20 @@ def vllm_settings(options: SimOptions, **overrides) -> tuple[VllmSchedSettings, 
                              hash_algo=options.hash_algo, **knobs), note
 
 
-def sglang_settings(options: SimOptions, **overrides) -> tuple[SglangSchedSettings, str]:
-    """SGLang scheduler settings for ``options``; explicit overrides win over the defaults."""
+def sglang_settings(options: SimOptions, unlimited_tokens: int | None = None,
+                    **overrides) -> tuple[SglangSchedSettings, str]:
+    """SGLang scheduler settings for ``options``; explicit overrides win over the defaults.
+
+    Without a capacity the pool is "unlimited": ``unlimited_tokens`` (enough for every request
+    of the workload at once) or at most ``UNLIMITED_BLOCKS * 16`` tokens; the request slots are
+    then those of the largest pool, so the pool's size changes nothing.
+    """
     capacity = radix_max_total_tokens(options)
     if capacity is None:
-        capacity = UNLIMITED_BLOCKS * 16
+        capacity = min(unlimited_tokens or UNLIMITED_BLOCKS * 16, UNLIMITED_BLOCKS * 16)
+        if overrides.get("max_running_requests") is None:
+            context = overrides.get("context_len") or SglangSchedSettings.context_len
+            overrides["max_running_requests"] = default_max_running_requests(UNLIMITED_BLOCKS * 16, context)
     p = int(options.page_size)
     capacity -= capacity % p
     knobs = {"chunked_prefill_size": sglang_chunked_prefill_size(options.gpu),

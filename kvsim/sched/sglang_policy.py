@@ -81,7 +81,8 @@ class SchedulePolicy:
         deprioritized = set()
         for r in queue:
             self.cache.match(r.kv, r.seq_len)
-            r.num_matched_prefix_tokens = min(r.kv.prefix_len, r.seq_len - 1)
+            # the full match, reported up to what the request may use (a logprob start caps it)
+            r.num_matched_prefix_tokens = min(r.kv.prefix_len, r.max_prefix_len())
             if r.kv.prefix_len <= IN_BATCH_CHECK_THRESHOLD:
                 tokens = r.kv.fill(r.seq_len)
                 shared, _ = scratch.match_prefix(tokens, r.kv.ns)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.cache.radix.rules import CLIP_MAX_NEW_TOKENS
+from kvsim.cache.radix.rules import CLIP_MAX_NEW_TOKENS, logprob_aborts, max_prefix_len
 from kvsim.cache.radix.settings import FINISHES
 from kvsim.errors import ConfigError
 from kvsim.sched.clock import run_steps
@@ -82,7 +82,8 @@ class SglangRequest:
 
     __slots__ = ("index", "kv", "prompt_len", "num_outputs", "max_new", "ignore_eos", "out_count",
                  "finished", "cached_tokens", "already_computed", "retracted_stain", "is_retracted",
-                 "retraction_count", "inflight_middle_chunks", "num_matched_prefix_tokens", "holds_row")
+                 "retraction_count", "inflight_middle_chunks", "num_matched_prefix_tokens", "holds_row",
+                 "logprob_start_len")
 
     def __init__(self, index: int, kv, max_new: int, ignore_eos: bool) -> None:
         self.index = index
@@ -101,11 +102,16 @@ class SglangRequest:
         self.inflight_middle_chunks = 0
         self.num_matched_prefix_tokens = 0
         self.holds_row = False                      # owns a req_to_token row
+        self.logprob_start_len = -1                 # a logprob request's start caps its match
 
     @property
     def seq_len(self) -> int:
         """``len(origin_input_ids + output_ids)``: what a (re-)prefill computes."""
         return self.prompt_len + self.out_count
+
+    def max_prefix_len(self) -> int:
+        """``_compute_max_prefix_len``: ``seq_len - 1``, a logprob request at most its start."""
+        return max_prefix_len(self.seq_len, self.logprob_start_len)
 
 
 class Batch:
@@ -129,9 +135,11 @@ class Batch:
 class SglangEngine:
     """The scheduler process: queues, batches, the tree cache and the fake model."""
 
-    def __init__(self, settings: SglangSchedSettings, prompts, outputs, loras=None, salts=None) -> None:
+    def __init__(self, settings: SglangSchedSettings, prompts, outputs, loras=None, salts=None,
+                 logprob_starts=None) -> None:
         s = self.settings = settings
         self.loras, self.salts = loras, salts       # namespaces: LoRA adapter name, cache_salt
+        self.logprob_starts = logprob_starts        # logprob_start_len per request (-1: none)
         self.prompts, self.outputs = prompts, outputs
         self.cache = SglangKVCache(s.capacity, s.page_size, s.eviction_policy)
         # without prefix caching SGLang turns lpm and dfs-weight into fcfs
@@ -162,6 +170,12 @@ class SglangEngine:
         if len(outputs) == 0:
             outputs = np.zeros(1, np.int64)
         L = len(prompt)
+        start = -1 if self.logprob_starts is None else int(self.logprob_starts[index])
+        if logprob_aborts(L, start):
+            # SGLang refuses the request (HTTP 400): kvsim reports it as rejected, as the
+            # sequential model does, and does not run its one-token placeholder (radix.md §2.1)
+            self.result.rejected[index] = True
+            return
         if s.finish == "length":
             wanted = len(outputs)
         else:
@@ -176,7 +190,9 @@ class SglangEngine:
         ns = namespace(None if self.loras is None else self.loras[index],
                        None if self.salts is None else self.salts[index])
         kv = self.cache.new_state(prompt, outputs, max_new, ns)
-        self.waiting.append(SglangRequest(index, kv, max_new, s.finish == "length"))
+        req = SglangRequest(index, kv, max_new, s.finish == "length")
+        req.logprob_start_len = start
+        self.waiting.append(req)
 
     def allocatable(self, running_bs: int, held_rows: int = 0) -> int:
         """``get_num_allocatable_reqs``: request slots left for new prefills."""
@@ -319,8 +335,9 @@ class SglangEngine:
                 running.batch_is_full = True
             if running.batch_is_full:
                 break
-            # init_next_round_input: match at most len - 1 tokens (radix.md §2.1)
-            limit = req.seq_len - 1 if self.max_match is None else self.max_match
+            # init_next_round_input: match at most len - 1 tokens, a logprob request at
+            # most its logprob_start_len (radix.md §2.1)
+            limit = req.max_prefix_len() if self.max_match is None else self.max_match
             self.cache.match(req.kv, req.seq_len, limit=limit)
             req.kv.protected = req.kv.prefix_len
             res = adder.add_one_req(req)
@@ -471,8 +488,8 @@ class SglangEngine:
 
 
 def replay_sglang_steps(prompts, outputs, arrival_steps, settings: SglangSchedSettings,
-                        loras=None, salts=None) -> StepResult:
+                        loras=None, salts=None, logprob_starts=None) -> StepResult:
     """Replay requests on the step clock through the SGLang scheduler model."""
-    engine = SglangEngine(settings, prompts, outputs, loras, salts)
+    engine = SglangEngine(settings, prompts, outputs, loras, salts, logprob_starts)
     engine.result.steps = run_steps(engine, arrival_steps)
     return engine.result

@@ -22,12 +22,17 @@ from kvsim.sched.vllm_scheduler import VllmEngine, VllmSchedSettings
 PERCENTILES = (50, 90, 99)
 
 
-def make_engine(settings, prompts, outputs, priorities=None, loras=None, salts=None):
-    """The engine model for ``settings`` (vLLM's or SGLang's); ``loras`` / ``salts`` are namespaces."""
+def make_engine(settings, prompts, outputs, priorities=None, loras=None, salts=None, prompt_logprobs=None,
+                logprob_starts=None):
+    """The engine model for ``settings`` (vLLM's or SGLang's); ``loras`` / ``salts`` are namespaces.
+
+    ``prompt_logprobs`` (vLLM: the request skips reading the cache) and ``logprob_starts``
+    (SGLang: ``logprob_start_len`` caps the match, -1 none) are the logprob arguments per request.
+    """
     if isinstance(settings, VllmSchedSettings):
-        return VllmEngine(settings, prompts, outputs, priorities, loras, salts)
+        return VllmEngine(settings, prompts, outputs, priorities, loras, salts, prompt_logprobs)
     if isinstance(settings, SglangSchedSettings):
-        return SglangEngine(settings, prompts, outputs, loras, salts)
+        return SglangEngine(settings, prompts, outputs, loras, salts, logprob_starts)
     raise TypeError(f"not scheduler settings: {settings!r}")
 
 
@@ -37,9 +42,9 @@ def without_prefix_caching(settings):
 
 
 def replay_steps(settings, prompts, outputs, releases: Releases, priorities=None, loras=None,
-                 salts=None) -> StepResult:
+                 salts=None, **logprobs) -> StepResult:
     """Step-clock replay (``--replay steps``); releases are step numbers."""
-    engine = make_engine(settings, prompts, outputs, priorities, loras, salts)
+    engine = make_engine(settings, prompts, outputs, priorities, loras, salts, **logprobs)
     engine.result.steps, _ = run(engine, releases)
     return engine.result
 
@@ -76,16 +81,17 @@ class TimedResult:
 
 
 def replay_timed(settings, prompts, outputs, releases: Releases, cost, priorities=None, loras=None,
-                 salts=None) -> TimedResult:
+                 salts=None, **logprobs) -> TimedResult:
     """Timed replay (``--replay timed``); releases are seconds (already divided by ``--speedup``)."""
-    engine = make_engine(settings, prompts, outputs, priorities, loras, salts)
+    engine = make_engine(settings, prompts, outputs, priorities, loras, salts, **logprobs)
     nsteps, line = run(engine, releases, cost)
     result = engine.result
     result.steps = nsteps
-    return _timed(result, line)
+    return timed_result(result, line)
 
 
-def _timed(result: StepResult, line: Timeline) -> TimedResult:
+def timed_result(result: StepResult, line: Timeline) -> TimedResult:
+    """Latencies of a finished timed run, from its step results and timeline."""
     end = np.asarray(line.step_end + [np.nan])              # index -1 (never) -> NaN
     first = end[result.first_token_step]
     finish = end[result.finish_step]
@@ -98,8 +104,8 @@ def _timed(result: StepResult, line: Timeline) -> TimedResult:
 
 
 def compare_prefix_caching(settings, prompts, outputs, releases: Releases, cost, priorities=None,
-                           loras=None, salts=None) -> tuple[TimedResult, TimedResult]:
+                           loras=None, salts=None, **logprobs) -> tuple[TimedResult, TimedResult]:
     """The same load with and without prefix caching: the saving is their difference."""
-    return (replay_timed(settings, prompts, outputs, releases, cost, priorities, loras, salts),
+    return (replay_timed(settings, prompts, outputs, releases, cost, priorities, loras, salts, **logprobs),
             replay_timed(without_prefix_caching(settings), prompts, outputs, releases, cost, priorities, loras,
-                         salts))
+                         salts, **logprobs))

@@ -58,8 +58,12 @@ class VllmKVCache:
         self.watermark_blocks = int(watermark * num_gpu_blocks)
 
     def new_sequence(self, request_id: str, prompt: Seq[int], lora: str | None = None,
-                     cache_salt: str | None = None, max_outputs: int = 0) -> Sequence:
-        seq = Sequence(request_id, [], len(prompt), None, lora, cache_salt)
+                     cache_salt: str | None = None, max_outputs: int = 0,
+                     skip_reading_prefix_cache: bool = False) -> Sequence:
+        """A request's sequence; ``skip_reading_prefix_cache`` for a prompt-logprob request
+        (``SamplingParams``: its lookups always miss, docs/engines/apc.md §2.1)."""
+        seq = Sequence(request_id, [], len(prompt), None, lora, cache_salt,
+                       skip_reading_prefix_cache=skip_reading_prefix_cache)
         seq.tokens = TokenBuffer(prompt, len(prompt) + max_outputs)
         seq.hasher = self.hasher
         self.hasher.extend(seq)

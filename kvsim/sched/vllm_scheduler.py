@@ -338,9 +338,10 @@ class VllmEngine:
     """
 
     def __init__(self, settings: VllmSchedSettings, prompts, outputs, priorities=None, loras=None,
-                 salts=None) -> None:
+                 salts=None, prompt_logprobs=None) -> None:
         self.settings = settings
         self.loras, self.salts = loras, salts       # namespaces: LoRA adapter name, cache_salt
+        self.prompt_logprobs = prompt_logprobs      # bool per request: skips reading the cache
         self.scheduler = VllmScheduler(settings)
         self.prompts, self.outputs = prompts, outputs
         self.priorities = priorities
@@ -359,7 +360,8 @@ class VllmEngine:
             return
         seq = self.scheduler.cache.new_sequence(
             str(index), self.prompts[index], None if self.loras is None else self.loras[index],
-            None if self.salts is None else self.salts[index], max_outputs=len(self.outputs[index]))
+            None if self.salts is None else self.salts[index], max_outputs=len(self.outputs[index]),
+            skip_reading_prefix_cache=self.prompt_logprobs is not None and bool(self.prompt_logprobs[index]))
         priority = 0 if self.priorities is None else int(self.priorities[index])
         self.scheduler.add_request(VllmRequest(index, seq, np.asarray(self.outputs[index]), priority))
 
@@ -483,8 +485,8 @@ class VllmEngine:
 
 
 def replay_vllm_steps(prompts, outputs, arrival_steps, settings: VllmSchedSettings,
-                      priorities=None, loras=None, salts=None) -> StepResult:
+                      priorities=None, loras=None, salts=None, prompt_logprobs=None) -> StepResult:
     """Replay requests on the step clock through the vLLM scheduler model."""
-    engine = VllmEngine(settings, prompts, outputs, priorities, loras, salts)
+    engine = VllmEngine(settings, prompts, outputs, priorities, loras, salts, prompt_logprobs)
     engine.result.steps = run_steps(engine, arrival_steps)
     return engine.result

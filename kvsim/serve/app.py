@@ -99,7 +99,7 @@ def build_app(service: CacheService, proxy: Any = None) -> Starlette:
             return await proxy.forward(request, kind, body)
         req = parse_request(kind, body)
         prep = service.prepare(kind, req, request.headers)
-        answer = service.complete(prep)
+        answer = await service.complete_timed(prep) if service.timed is not None else service.complete(prep)
         if not prep.stream:
             return JSONResponse(response_body(answer))
         metrics.request_started()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 from kvsim.errors import ConfigError
@@ -38,6 +39,7 @@ class ServeConfig:
     upstream: str | None = None
     upstream_api_key: str | None = None
     upstream_timeout: float = 600.0
+    replay_mode: Any = None               # --replay timed: a kvsim.replay.concurrent.ReplayMode
 
     def check(self) -> None:
         if self.policy not in ("apc", "radix"):
@@ -58,6 +60,8 @@ class ServeConfig:
             raise ConfigError(f"--upstream-timeout must be positive, got {self.upstream_timeout}")
         if self.upstream is not None and not self.upstream.startswith(("http://", "https://")):
             raise ConfigError(f"--upstream must be an http:// or https:// URL, got {self.upstream!r}")
+        if self.replay_mode is not None and self.upstream is not None:
+            raise ConfigError("--replay timed serves the scheduler model's replies; it cannot proxy (--upstream)")
         if self.served_model_name in self.lora_modules:
             raise ConfigError(f"LoRA adapter {self.served_model_name!r} has the name of the base model")
         if self.record is not None:

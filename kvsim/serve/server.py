@@ -51,6 +51,9 @@ def serve(config: ServeConfig, announce=print) -> None:
     server = uvicorn.Server(uv)
     host = f"[{config.host}]" if ":" in config.host else config.host
     mode = f"proxy to {config.upstream}" if proxy is not None else "synthetic replies"
+    if service.timed is not None:
+        t = service.timed
+        mode += f", --replay timed ({t.cost.describe()}; scheduler defaults: {t.defaults})"
     announce(f"kvsim serve: {config.policy} cache model, {mode}, model {config.served_model_name!r}"
              f"{' + ' + str(len(config.lora_modules)) + ' LoRA adapter(s)' if config.lora_modules else ''}, "
              f"max_model_len {service.max_model_len}")

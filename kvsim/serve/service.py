@@ -74,6 +74,11 @@ class CacheService:
             options = replace(options, extra={**options.extra, "finish": config.finish})
         self.options = options
         self.engine = build_engine(config.policy, options, config.implementation)
+        self.timed = None                      # --replay timed: the scheduler model in wall-clock time
+        if config.replay_mode is not None:
+            from kvsim.serve.timed import TimedEngine
+
+            self.timed = TimedEngine(config.policy, options, config.replay_mode)
         self.max_model_len = config.resolve_max_model_len(self.engine.max_request_tokens())
         self.prompter = Prompter(config.tokenizer, config.chat_template)
         self.replies = ReplyMaker(self.prompter.tokenizer, self.prompter.eot_id, config.seed)
@@ -176,6 +181,32 @@ class CacheService:
         return Answer(prep.kind, prep.request_id, prep.model, prep.prompt_ids, reply, served.cached_tokens,
                       prep.return_token_ids, int(prep.arrival))
 
+    async def complete_timed(self, prep: Prepared) -> Answer:
+        """Step 2 with ``--replay timed``: the reply is made as in :meth:`complete`, the request
+        joins the scheduler model's queue and the answer comes when its last step has ended."""
+        key = np.asarray(prep.prompt_ids, np.int64).tobytes() + repr(prep.seed).encode()
+        reply = self.replies.make(prep.max_tokens, hashlib.sha256(key).digest(), self.config.finish)
+        out = np.asarray(reply.token_ids if len(reply.token_ids) else [-1], np.int64)
+        if logprob_aborts(len(prep.prompt_ids), prep.logprob_start_len) and self.config.policy == "radix":
+            raise ApiError(f"req.logprob_start_len={prep.logprob_start_len} is higher than the number of input "
+                           f"tokens len(req.origin_input_ids)={len(prep.prompt_ids)}. Please use a smaller "
+                           "logprob_start_len.", param="logprob_start_len")
+        t = await self.timed.serve(np.asarray(prep.prompt_ids, np.int64), out, prep.lora, prep.cache_salt,
+                                   prep.prompt_logprobs, prep.logprob_start_len)
+        served = t.served
+        timing = {"ttft_s": round(t.first_token - t.released, 6),
+                  "e2e_s": round(t.finished - t.released, 6)} if not served.rejected else {}
+        self._account(prep, list(reply.token_ids), served, self.timed.state(), 0.0, reply.text,
+                      extra={"kvsim_timed": timing} if timing else None)
+        if served.rejected:
+            raise ApiError(f"This request needs more KV cache than the cache holds ({len(prep.prompt_ids)} "
+                           f"prompt tokens, {prep.max_tokens} output tokens; capacity "
+                           f"{self.timed.capacity_tokens} tokens).", param="input_tokens")
+        if served.generated < len(reply.token_ids):  # SGLang clipped the reply to the pool
+            reply = Reply(reply.token_ids[:served.generated], reply.pieces[:served.generated], "length")
+        return Answer(prep.kind, prep.request_id, prep.model, prep.prompt_ids, reply, served.cached_tokens,
+                      prep.return_token_ids, int(prep.arrival))
+
     # -- 3. apply ------------------------------------------------------------------------
     def apply(self, prep: Prepared, output_ids: list[int], reply_text: str | None = None,
               finish_reason: str | None = None, extra: dict[str, Any] | None = None) -> Served:
@@ -188,13 +219,19 @@ class CacheService:
         served = self.engine.serve(prep.request_id, np.asarray(prep.prompt_ids, np.int64), out, prep.lora,
                                    prep.cache_salt, prep.prompt_logprobs, prep.logprob_start_len)
         seconds = time.thread_time() - t0
+        self._account(prep, output_ids, served, self.engine.state(), seconds, reply_text, finish_reason, extra)
+        return served
+
+    def _account(self, prep: Prepared, output_ids: list[int], served: Served, state, seconds: float,
+                 reply_text: str | None = None, finish_reason: str | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
+        """Metrics and the record line of a request the cache model served."""
         self.applied += 1
         finish = finish_reason or ("stop" if self.config.finish == "stop" else "length")
-        self.metrics.observe(served, len(prep.prompt_ids), prep.stream, finish, self.engine.state(), seconds)
+        self.metrics.observe(served, len(prep.prompt_ids), prep.stream, finish, state, seconds)
         if self.recorder is not None:
             kept = list(output_ids) if served.rejected or not len(output_ids) else list(output_ids[:served.generated])
             self.recorder.write(self._record_line(prep, kept, served, reply_text, extra))
-        return served
 
     def _record_line(self, prep: Prepared, output_ids: list[int], served: Served, reply_text: str | None,
                      extra: dict[str, Any] | None) -> dict[str, Any]:
@@ -224,7 +261,10 @@ class CacheService:
 
     # -- the rest ------------------------------------------------------------------------
     def reset(self) -> bool:
-        """vLLM ``/reset_prefix_cache``: forget every cached prefix (only when idle)."""
+        """vLLM ``/reset_prefix_cache``: forget every cached prefix (only when idle; not with
+        ``--replay timed``)."""
+        if self.timed is not None:
+            return False
         ok = self.engine.reset()
         if ok:
             self.metrics.engine_reset(self.engine.state())

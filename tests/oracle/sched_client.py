@@ -34,10 +34,11 @@ def oracle_python(engine: str) -> tuple[Path | None, str]:
 
 
 def write_workload(path: Path | str, prompts: list, outputs: list, arrival, priority=None,
-                   max_new_tokens=None, loras=None, salts=None) -> Path:
+                   max_new_tokens=None, loras=None, salts=None, prompt_logprobs=None, logprob_starts=None) -> Path:
     """Requests as both drivers read them; ``outputs[i]`` is what request i generates.
 
     ``loras`` / ``salts``: per request an adapter name / cache salt, or None.
+    ``prompt_logprobs`` (vLLM) / ``logprob_starts`` (SGLang, -1 none): the logprob arguments.
     """
     n = len(prompts)
     names = sorted({x for x in (loras or []) + (salts or []) if x is not None})
@@ -54,7 +55,10 @@ def write_workload(path: Path | str, prompts: list, outputs: list, arrival, prio
                              else np.asarray(max_new_tokens, np.int64)),
              lora=np.array([code.get(x, -1) for x in (loras or [None] * n)], np.int64),
              salt=np.array([code.get(x, -1) for x in (salts or [None] * n)], np.int64),
-             names=np.array(json.dumps(names)))
+             names=np.array(json.dumps(names)),
+             prompt_logprobs=np.zeros(n, bool) if prompt_logprobs is None else np.asarray(prompt_logprobs, bool),
+             logprob_start=(np.full(n, -1, np.int64) if logprob_starts is None
+                            else np.asarray(logprob_starts, np.int64)))
     return Path(path)
 
 

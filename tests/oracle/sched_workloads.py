@@ -29,6 +29,7 @@ class SchedMix:
     priorities: int = 1                    # distinct priority values (vLLM priority policy)
     p_synth: float = 0.0                   # reply unknown: distinct negative ids, as kvsim synthesizes
     p_namespace: float = 0.0               # a new conversation gets a LoRA adapter and/or a cache salt
+    p_logprob: float = 0.0                 # asks for prompt logprobs (vLLM) / from a random start (SGLang)
 
 
 @dataclass
@@ -39,6 +40,8 @@ class SchedWorkload:
     priority: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     loras: list = field(default_factory=list)
     salts: list = field(default_factory=list)
+    prompt_logprobs: np.ndarray | None = None   # bool (n,): vLLM skips reading the cache
+    logprob_starts: np.ndarray | None = None    # int (n,): SGLang logprob_start_len, -1 none
 
     @property
     def n(self) -> int:
@@ -98,6 +101,10 @@ def random_workload(seed: int, mix: SchedMix | None = None) -> SchedWorkload:
         step += 1 + int(rng.exponential(m.gap))
     w.arrival = np.asarray(arrival[: m.n], np.int64)
     w.priority = rng.integers(0, max(m.priorities, 1), m.n).astype(np.int64)
+    if m.p_logprob:      # drawn last: the rest of a seed's workload stays as it was
+        asks = rng.random(m.n) < m.p_logprob
+        starts = np.array([rng.integers(0, len(p) + 1) for p in w.prompts], np.int64)
+        w.prompt_logprobs, w.logprob_starts = asks, np.where(asks, starts, -1)
     return w
 
 
@@ -107,4 +114,5 @@ STOP_TOKEN = 1_000_003   # the drivers' stop token id (finish "stop")
 def with_stop_token(w: SchedWorkload) -> SchedWorkload:
     """Each reply ends with the stop token (SGLang finish "stop": no ignore_eos)."""
     outputs = [np.concatenate([o[:-1], [STOP_TOKEN]]).astype(np.int64) for o in w.outputs]
-    return SchedWorkload(w.prompts, outputs, w.arrival, w.priority, w.loras, w.salts)
+    return SchedWorkload(w.prompts, outputs, w.arrival, w.priority, w.loras, w.salts, w.prompt_logprobs,
+                         w.logprob_starts)

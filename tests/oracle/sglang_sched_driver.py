@@ -201,6 +201,7 @@ class Workload:
         self.arrival = z["arrival"]
         self.lora, self.salt = z["lora"], z["salt"]
         self.names = json.loads(str(z["names"]))
+        self.logprob_start = z["logprob_start"]
         self.n = len(self.prompt_off) - 1
 
     def namespace(self, i: int) -> dict:
@@ -249,6 +250,10 @@ class Replay:
         sampling.normalize(None)
         req = Req(rid=str(i), origin_input_text="", origin_input_ids=array("q", prompt), sampling_params=sampling,
                   **self.work.namespace(i))
+        start = int(self.work.logprob_start[i])
+        if start >= 0:      # a logprob request: its start caps the prefix match (_compute_max_prefix_len)
+            assert start <= len(prompt)
+            req.return_logprob, req.logprob_start_len = True, start
         s.init_req_max_new_tokens(req)
         max_new = req.sampling_params.max_new_tokens
         p = s.page_size
@@ -284,10 +289,21 @@ class Replay:
     def process(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
         proc = self.s.batch_result_processor
         before = {r.rid: (len(r.output_ids), r.finished()) for r in batch.reqs}
-        if batch.forward_mode.is_decode():
-            proc.process_batch_result_decode(batch, result)
-        else:
-            proc.process_batch_result_prefill(batch, result)
+        # the fake model computes no logprobs: their bookkeeping is switched off while the
+        # result is processed (scheduling reads return_logprob only for the match cap)
+        asked = [(r, r.return_logprob) for r in batch.reqs]
+        batch_asked, batch.return_logprob = batch.return_logprob, False
+        for r, _ in asked:
+            r.return_logprob = False
+        try:
+            if batch.forward_mode.is_decode():
+                proc.process_batch_result_decode(batch, result)
+            else:
+                proc.process_batch_result_prefill(batch, result)
+        finally:
+            for r, flag in asked:
+                r.return_logprob = flag
+            batch.return_logprob = batch_asked
         step = batch.kvsim_step
         for req in batch.reqs:
             n_before, done_before = before[req.rid]

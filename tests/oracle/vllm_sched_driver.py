@@ -100,6 +100,7 @@ class Workload:
         self.arrival, self.priority = z["arrival"], z["priority"]
         self.lora, self.salt = z["lora"], z["salt"]
         self.names = json.loads(str(z["names"]))
+        self.prompt_logprobs = z["prompt_logprobs"]
         self.n = len(self.prompt_off) - 1
 
     def namespace(self, i: int) -> dict:
@@ -189,7 +190,9 @@ def run_job(job: dict) -> None:
             if not prompt or -(-(len(prompt) + len(out) - 1) // B) > N - 1:
                 rejected[i] = True
                 continue
-            req = Request(str(i), prompt, SamplingParams(max_tokens=len(out)), None,
+            # a prompt-logprob request: SamplingParams marks it skip_reading_prefix_cache
+            logprobs = {"prompt_logprobs": 0} if work.prompt_logprobs[i] else {}
+            req = Request(str(i), prompt, SamplingParams(max_tokens=len(out), **logprobs), None,
                           arrival_time=float(i), priority=int(work.priority[i]), block_hasher=hasher,
                           **work.namespace(i))
             outputs[str(i)] = out

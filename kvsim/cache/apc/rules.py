@@ -9,7 +9,6 @@ block size.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 
 def lookup_cap_blocks(L, B):
@@ -60,7 +59,10 @@ def unlimited_num_blocks(L: np.ndarray, M: np.ndarray, B: int) -> int:
     return int(np.where(L > 0, peak_blocks(L, M, B), 0).sum()) + 1
 
 
-lookup_cap_blocks_jit = njit(cache=True, inline="always")(lookup_cap_blocks)
-peak_blocks_jit = njit(cache=True, inline="always")(peak_blocks)
-kept_blocks_jit = njit(cache=True, inline="always")(kept_blocks)
-fits_ever_jit = njit(cache=True, inline="always")(_fits_ever(peak_blocks_jit))
+def __getattr__(name: str):
+    """The ``*_jit`` copies, compiled (numba imported) on first use."""
+    if name in ("lookup_cap_blocks_jit", "peak_blocks_jit", "kept_blocks_jit", "fits_ever_jit"):
+        from kvsim.cache.apc import rules_jit
+
+        return getattr(rules_jit, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Mapping
 
 from kvsim.errors import InputError
 from kvsim.io.builder import TraceBuilder
@@ -153,13 +153,81 @@ class JsonRequestReader(Reader):
                         or (r.reply is not None and r.output_ids is None) for r in batch)
         tok = ctx.tokenizer if needs_tok else None
         eot = ctx.eot_id if needs_tok else None
-        pieces = ctx.pieces if needs_tok else None
+        pieces = self.piece_encoder(ctx) if needs_tok else None
         if needs_tok:
             ctx.used_tokenizer = True
         if ctx.executor is not None:  # tokenize in the background while parsing goes on
             ctx.builder.add(ctx.executor.submit(encode_requests, batch, ctx.source_index, tok, eot, pieces))
         else:
             ctx.builder.add(encode_requests(batch, ctx.source_index, tok, eot, pieces))
+
+    def piece_encoder(self, ctx: LoadContext) -> Any:
+        """What tokenizes prompts rendered in pieces (``encode_requests``' ``pieces``)."""
+        return ctx.pieces
+
+    # -- the compiled fast path -------------------------------------------------------------
+    def read_scanned(self, src: Source, ctx: LoadContext, scan: Callable[[Any], Any],
+                     fast: Callable[[Any, Any, int, int, LoadContext], list[PendingRequest] | None],
+                     ahead: bool = False) -> bool:
+        """Read ``src`` block by block: ``scan(block)`` gives each line's status (FAST, BLANK
+        or declined) and bounds, ``fast(block, scanned, k, line, ctx)`` the requests of an
+        accepted line k (None: the general reader reads it); with ``ahead`` the next block is
+        scanned on another thread meanwhile. False (and nothing read) if the
+        first record is not one the fast path takes: the general reader then reads the whole
+        file, so that its special cases for a first line (one pretty-printed JSON document)
+        still apply."""
+        from kvsim.io.token_scan import BLANK, FAST
+
+        batch: list[PendingRequest] = []
+        weight = 0
+        started = False
+        for first_line, block, scanned in _scanned_blocks(src, scan, ahead):
+            status = scanned.status
+            for k in range(len(status)):
+                if ctx.full():
+                    break
+                st = status[k]
+                if st == BLANK:
+                    continue
+                line = first_line + k
+                reqs = fast(block, scanned, k, line, ctx) if st == FAST else None
+                if reqs is None:
+                    if not started:
+                        return False
+                    reqs = self.general_requests(bytes(block[scanned.bounds[k]:scanned.bounds[k + 1]]), line, src,
+                                                 ctx)
+                    if reqs is None:
+                        continue
+                started = True
+                room = ctx.room()
+                if room is not None:
+                    reqs = reqs[:room]
+                ctx.requests += len(reqs)
+                batch.extend(reqs)
+                weight += sum(r.weight for r in reqs)
+                if len(batch) >= self.batch_requests or weight >= self.batch_weight:
+                    self._flush(batch, ctx)
+                    batch, weight = [], 0
+            if ctx.full():
+                break
+        if batch:
+            self._flush(batch, ctx)
+        return True
+
+    def general_requests(self, data: bytes, line: int, src: Source, ctx: LoadContext) -> list[PendingRequest] | None:
+        """One line read as the general reader reads it (None: blank, or bad and skipped)."""
+        text = src.decode_line(data, line)
+        if text is None:
+            return None
+        rec = text if isinstance(text, InputError) else src.record_of(text, line)
+        if isinstance(rec, InputError):
+            ctx.bad(rec)
+            return None
+        try:
+            return self.requests(require_object(rec), line, src, ctx)
+        except BadRecord as e:
+            ctx.bad(InputError(src.path, str(e), line))
+            return None
 
     # -- helpers for subclasses -----------------------------------------------------------
     @staticmethod
@@ -174,7 +242,7 @@ class JsonRequestReader(Reader):
             tenant=cats["tenant"].code(fields.tenant), cache_salt=cats["cache_salt"].code(fields.cache_salt),
             lora=cats["lora"].code(fields.lora), session=cats["session"].code(fields.session),
             request_id=fields.request_id, prompt_logprobs=fields.prompt_logprobs,
-            logprob_start_len=fields.logprob_start_len, **kw,
+            logprob_start_len=fields.logprob_start_len, arrival_step=fields.arrival_step, **kw,
         )
 
     @staticmethod
@@ -193,6 +261,27 @@ class JsonRequestReader(Reader):
             return dict(prompt_pieces=rendered, msg_roles=roles)
         whole = rendered.joined()
         return dict(prompt_text=whole.text, msg_chars=list(whole.message_starts_chars), msg_roles=roles)
+
+
+def _scanned_blocks(src: Source, scan: Callable[[Any], Any], ahead: bool):
+    """(first line, block, scan of the block) for each block of ``src``; with ``ahead`` each
+    block is copied out of the reader's buffer and scanned on the I/O pool while the caller
+    works on the one before."""
+    if not ahead:
+        for first, block in src.line_blocks():
+            yield first, block, scan(block)
+        return
+    from kvsim.io.workers import executor
+
+    pending = None
+    for first, block in src.line_blocks():
+        block = block.copy()
+        job = executor().submit(scan, block)
+        if pending is not None:
+            yield pending[0], pending[1], pending[2].result()
+        pending = (first, block, job)
+    if pending is not None:
+        yield pending[0], pending[1], pending[2].result()
 
 
 def message_text(content: Any, where: str, ctx: LoadContext) -> str:

@@ -7,6 +7,8 @@ from kvsim.io.builder import OUT_DEFAULT, OUT_KNOWN_IDS, OUT_LOGGED, Part
 from kvsim.io.parquet import CATEGORICAL, ParquetColumns, is_parquet
 from kvsim.io.readers.base import LoadContext, Reader
 from kvsim.io.source import Source
+from kvsim.errors import InputError
+from kvsim.io.fields import MAX_LENGTH
 from kvsim.io.trace import narrow_tokens
 
 
@@ -51,6 +53,9 @@ class ParquetReader(Reader):
         start = cols.column("logprob_start_len", "float")  # nulls: none
         part.logprob_start_len = (np.where(part.prompt_logprobs, 0, -1) if start is None  # as a log's default
                                   else np.where(np.isnan(start[:n]), -1, start[:n]).astype(np.int64))
+        step = cols.column("arrival_step", "float")  # nulls: none
+        if step is not None:
+            part.arrival_step = arrival_steps(step[:n], src)
         for column, names in CATEGORICAL.items():
             cats = ctx.builder.categories[column]
             for name in stored.get(names, []):  # the stored order of the names, used or not
@@ -73,3 +78,13 @@ class ParquetReader(Reader):
         if ctx.recorded is None:
             ctx.recorded = cols.stored.get("meta") or {}
         ctx.builder.add(part)
+
+
+def arrival_steps(values: np.ndarray, src: Source) -> np.ndarray:
+    """The ``arrival_step`` column (nulls: none); a value that is no integer >= 0 is an error."""
+    known = ~np.isnan(values)
+    bad = known & ((values < 0) | (values != np.floor(values)) | (values > MAX_LENGTH))
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise InputError(src.path, f"row {row + 1}: arrival_step must be an integer >= 0, got {values[row]!r}")
+    return np.where(known, values, -1).astype(np.int64)

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from kvsim.errors import InputError
 from kvsim.io.encode import PendingRequest
-from kvsim.io.fields import BadRecord, common_fields, require_object, token_ids
+from kvsim.io.fields import BadRecord, common_fields, token_ids
 from kvsim.io.readers.base import JsonRequestReader, LoadContext
 from kvsim.io.source import UTF8_BOM, Source, parse_json
 
@@ -42,46 +41,11 @@ class TokensReader(JsonRequestReader):
 
     # -- the fast path --------------------------------------------------------------------
     def _read_fast(self, src: Source, ctx: LoadContext) -> bool:
-        """Read ``src`` with the scanner. False (and nothing read) if its first record is not
-        one the scanner takes: the general reader then reads the whole file, so that its
-        special cases for a first line (one pretty-printed JSON document) still apply."""
-        from kvsim.io.token_scan import FAST, BLANK, Scratch, ScannedBlock
+        """Read ``src`` with the scanner (False: the general reader must read the whole file)."""
+        from kvsim.io.token_scan import Scratch, ScannedBlock
 
         scratch = Scratch()
-        batch: list[PendingRequest] = []
-        weight = 0
-        started = False
-        for first_line, block in src.line_blocks():
-            scan = ScannedBlock(block, scratch)
-            for k in range(len(scan)):
-                if ctx.full():
-                    break
-                status = scan.status[k]
-                if status == BLANK:
-                    continue
-                line = first_line + k
-                reqs = self._fast_requests(block, scan, k, line, ctx) if status == FAST else None
-                if reqs is None:
-                    if not started:
-                        return False
-                    reqs = self._general_requests(bytes(block[scan.bounds[k]:scan.bounds[k + 1]]), line, src, ctx)
-                    if reqs is None:
-                        continue
-                started = True
-                room = ctx.room()
-                if room is not None:
-                    reqs = reqs[:room]
-                ctx.requests += len(reqs)
-                batch.extend(reqs)
-                weight += sum(r.weight for r in reqs)
-                if len(batch) >= self.batch_requests or weight >= self.batch_weight:
-                    self._flush(batch, ctx)
-                    batch, weight = [], 0
-            if ctx.full():
-                break
-        if batch:
-            self._flush(batch, ctx)
-        return True
+        return self.read_scanned(src, ctx, lambda block: ScannedBlock(block, scratch), self._fast_requests)
 
     def _fast_requests(self, block, scan, k: int, line: int, ctx: LoadContext) -> list[PendingRequest] | None:
         """The request of a scanned line, or None if the general reader must read it."""
@@ -110,18 +74,3 @@ class TokensReader(JsonRequestReader):
             fields.output_ids = scan.outputs[scan.output_offsets[k]:scan.output_offsets[k + 1]]
         prompt = scan.tokens[scan.token_offsets[k]:scan.token_offsets[k + 1]]
         return [self.pending(fields, ctx, prompt_ids=prompt)]
-
-    def _general_requests(self, data: bytes, line: int, src: Source, ctx: LoadContext) -> list[PendingRequest] | None:
-        """One line read as the general reader reads it (None: blank, or bad and skipped)."""
-        text = src.decode_line(data, line)
-        if text is None:
-            return None
-        rec = text if isinstance(text, InputError) else src.record_of(text, line)
-        if isinstance(rec, InputError):
-            ctx.bad(rec)
-            return None
-        try:
-            return self.requests(require_object(rec), line, src, ctx)
-        except BadRecord as e:
-            ctx.bad(InputError(src.path, str(e), line))
-            return None

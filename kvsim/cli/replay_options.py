@@ -1,0 +1,96 @@
+"""The concurrent-replay options of ``kvsim simulate`` (``--replay steps|timed``), defined once.
+
+Scheduler options keep the engines' own names (vLLM's ``--max-num-seqs``, SGLang's
+``--schedule-policy``, ...); unset ones take the engine's default for the GPU
+(``kvsim.sched.settings``), and the summary says which.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+PANEL = "Concurrent replay (--replay steps|timed)"
+
+ReplayOpt = Annotated[str, typer.Option(
+    "--replay", help="sequential (one request at a time), steps (the engines' real schedulers on a step clock) "
+    "or timed (steps that cost modelled time: TTFT, E2E).", rich_help_panel=PANEL)]
+ArrivalFromOpt = Annotated[Optional[str], typer.Option(
+    "--arrival-from", help="step (the log's integer arrival_step; default for steps) or timestamp (default for "
+    "timed; with steps it needs --step-seconds).", rich_help_panel=PANEL, show_default=False)]
+StepSecondsOpt = Annotated[Optional[float], typer.Option(
+    "--step-seconds", help="Log seconds per engine step (steps with --arrival-from timestamp), or seconds per "
+    "logged step (timed with --arrival-from step).", rich_help_panel=PANEL, show_default=False)]
+ArrivalsOpt = Annotated[str, typer.Option(
+    "--arrivals", help="logged (as the log says) or closed-loop (a session's next turn waits for the previous "
+    "reply, plus the logged gap as think time).", rich_help_panel=PANEL)]
+ServeReplayOpt = Annotated[str, typer.Option(
+    "--replay", help="sequential (each request served whole, at once) or timed (the engine's scheduler in "
+    "wall-clock time: requests share batches and queue, replies take the modelled time).",
+    rich_help_panel=PANEL)]
+CalibrationOpt = Annotated[Optional[str], typer.Option(
+    "--calibration", help="--replay timed: a gpu-validate calibration JSON for the cost of a step (default: the "
+    "roofline of --model on --gpu).", rich_help_panel=PANEL, show_default=False)]
+SpeedupOpt = Annotated[float, typer.Option(
+    "--speedup", help="Divide logged arrival times by this (2 = twice the load).", rich_help_panel=PANEL)]
+# vLLM 0.33.0 (--policy apc)
+MaxNumSeqsOpt = Annotated[Optional[int], typer.Option(
+    "--max-num-seqs", help="vLLM: most running requests (default: vLLM's for --gpu, else 256).",
+    rich_help_panel=PANEL, show_default=False)]
+MaxNumBatchedTokensOpt = Annotated[Optional[int], typer.Option(
+    "--max-num-batched-tokens", help="vLLM: token budget per step (default: vLLM's for --gpu, else 2048).",
+    rich_help_panel=PANEL, show_default=False)]
+LongPrefillOpt = Annotated[Optional[int], typer.Option(
+    "--long-prefill-token-threshold", help="vLLM: cap a prefill chunk when others wait (default 0: off).",
+    rich_help_panel=PANEL, show_default=False)]
+SchedulingPolicyOpt = Annotated[Optional[str], typer.Option(
+    "--scheduling-policy", help="vLLM: fcfs (default) or priority (logs carry no priority: all 0, arrival "
+    "order decides).", rich_help_panel=PANEL, show_default=False)]
+AsyncSchedulingOpt = Annotated[Optional[bool], typer.Option(
+    "--async-scheduling/--no-async-scheduling", help="vLLM: async scheduling (default on, as vLLM 0.33.0).",
+    rich_help_panel=PANEL, show_default=False)]
+# SGLang 0.5.23 (--policy radix); --chunked-prefill-size and --disable-overlap-schedule are shared
+# with the sequential radix model
+SchedulePolicyOpt = Annotated[Optional[str], typer.Option(
+    "--schedule-policy", help="SGLang: fcfs (0.5.23's default), lpm, dfs-weight, lof or random.",
+    rich_help_panel=PANEL, show_default=False)]
+MaxPrefillTokensOpt = Annotated[Optional[int], typer.Option(
+    "--max-prefill-tokens", help="SGLang: tokens per prefill batch (default 16384).", rich_help_panel=PANEL,
+    show_default=False)]
+MaxRunningRequestsOpt = Annotated[Optional[int], typer.Option(
+    "--max-running-requests", help="SGLang: most running requests (default: from the pool size, as SGLang).",
+    rich_help_panel=PANEL, show_default=False)]
+RandomSeedOpt = Annotated[Optional[int], typer.Option(
+    "--random-seed", help="SGLang: seed of --schedule-policy random (default 0).", rich_help_panel=PANEL,
+    show_default=False)]
+
+
+def flag(setting: str) -> str:
+    """The command-line flag of a scheduler setting."""
+    return {"policy": "--scheduling-policy", "random_seed": "--random-seed"}.get(setting, "--" + setting.replace("_", "-"))
+
+
+def replay_mode(replay: str, arrival_from: str | None, step_seconds: float | None, arrivals: str, speedup: float,
+                calibration, vllm: dict, sglang: dict):
+    """The :class:`ReplayMode` the options ask for, or None for ``--replay sequential``.
+
+    Options that only a concurrent replay reads are an error with ``--replay sequential``.
+    """
+    from kvsim.errors import ConfigError
+    from kvsim.replay.concurrent import MODES, ReplayMode
+
+    if replay not in MODES:
+        raise ConfigError(f"unknown --replay {replay!r}; choose {', '.join(MODES)}")
+    vllm = {k: v for k, v in vllm.items() if v is not None}
+    sglang = {k: v for k, v in sglang.items() if v is not None}
+    if replay == "sequential":
+        given = [flag for flag, value in (("--arrival-from", arrival_from), ("--step-seconds", step_seconds),
+                                          ("--arrivals", None if arrivals == "logged" else arrivals),
+                                          ("--speedup", None if speedup == 1.0 else speedup))
+                 if value is not None]
+        given += [flag(k) for k in (*vllm, *sglang)]
+        if given:
+            raise ConfigError(f"{', '.join(given)} need(s) --replay steps or --replay timed")
+        return None
+    return ReplayMode(replay, arrival_from, step_seconds, arrivals, speedup,
+                      None if calibration is None else str(calibration), vllm, sglang)

@@ -1,0 +1,206 @@
+"""A compiled scanner that finds the messages of chat-log lines without parsing them.
+
+For each line of a chat log (``{"messages": [{...}, {...}], ...}``) :func:`scan_chat_lines`
+walks the top-level object and records where the ``messages`` array and each of its
+elements sit in the line. The caller keys each element by its raw bytes, so a message
+resent turn after turn is parsed, rendered and tokenized once, and reads the rest of the
+line (the array cut out) with the ordinary JSON parser and validators.
+
+Each element also gets a 128-bit key (a hash of its bytes) and each prefix of a
+line's messages a key chained from its elements' keys, so that the caller finds the longest
+message sequence it has seen before (turn k+1 resends turn k's messages) with a few lookups
+of small integers instead of hashing the history's bytes in Python. Two different byte
+strings get the same key with a chance of about n²/2¹²⁹ for n distinct messages.
+
+The scanner only *accepts* what it can cut exactly: one JSON object whose top-level keys
+carry no escapes, holding ``messages`` once as a non-empty array of objects. It does not
+validate the elements or the other values: the caller parses each distinct element and the
+rest of the line with the JSON parser and hands any line that fails to the general reader,
+which also produces the error.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from kvsim.io.token_scan import BLANK, DECLINED, FAST, _is_key, _skip_string, _skip_value, _ws, line_bounds
+
+MESSAGES_KEY = np.frombuffer(b"messages", np.uint8)
+
+_QUOTE, _COMMA, _COLON = 34, 44, 58
+_FNV_PRIME, _FNV_BASIS = np.uint64(0x100000001B3), np.uint64(0xCBF29CE484222325)
+_GOLDEN, _K1, _K2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31, _ONE = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(1)
+#: columns of ChatScan.elems: byte span, the element's key, the key of the messages up to it
+START, END, KEY1, KEY2, PREFIX1, PREFIX2 = range(6)
+_LBRACE, _RBRACE, _LBRACKET, _RBRACKET = 123, 125, 91, 93
+
+__all__ = ["BLANK", "DECLINED", "FAST", "ChatScan", "scan_chat_lines"]
+
+
+@njit(cache=True, inline="always")
+def _mix(h):
+    """splitmix64's finalizer: every input bit moves every output bit."""
+    h = (h ^ (h >> _S30)) * _K1
+    h = (h ^ (h >> _S27)) * _K2
+    return h ^ (h >> _S31)
+
+
+@njit(cache=True)
+def _key(buf, a, b, row):
+    """A 128-bit key of buf[a:b]: FNV-1a over four interleaved lanes of its bytes (independent
+    multiplications, so the loop runs at several bytes per cycle), mixed two ways."""
+    n = np.uint64(b - a)
+    l0, l1, l2, l3 = _FNV_BASIS, _FNV_BASIS ^ _K1, _FNV_BASIS ^ _K2, _FNV_BASIS ^ _GOLDEN
+    i = a
+    while i + 4 <= b:
+        l0 = (l0 ^ np.uint64(buf[i])) * _FNV_PRIME
+        l1 = (l1 ^ np.uint64(buf[i + 1])) * _FNV_PRIME
+        l2 = (l2 ^ np.uint64(buf[i + 2])) * _FNV_PRIME
+        l3 = (l3 ^ np.uint64(buf[i + 3])) * _FNV_PRIME
+        i += 4
+    while i < b:
+        l0 = (l0 ^ np.uint64(buf[i])) * _FNV_PRIME
+        i += 1
+    row[KEY1] = np.int64(_mix(_mix(_mix(_mix(l0 ^ n) + l1) + l2) + l3))
+    row[KEY2] = np.int64(_mix(_mix(_mix(_mix(l3 * _GOLDEN + n) ^ l2) * _GOLDEN + l1) ^ l0))
+
+
+@njit(cache=True)
+def _messages(buf, i, end, elems, epos):
+    """Record the elements of the array at buf[i] == '['. Returns (index after ']', new epos),
+    or (-1, epos) when it is empty or an element is not an object."""
+    i = _ws(buf, i + 1, end)
+    while i < end:
+        if buf[i] != _LBRACE:
+            return -1, epos
+        j = _skip_value(buf, i, end)  # the ',' or ']' after the element
+        if j < 0 or buf[j] == _RBRACE:
+            return -1, epos
+        last = j - 1
+        while buf[last] == 32 or buf[last] == 9 or buf[last] == 13 or buf[last] == 10:
+            last -= 1
+        if buf[last] != _RBRACE:
+            return -1, epos
+        row = elems[epos]
+        row[START] = i
+        row[END] = last + 1
+        _key(buf, i, last + 1, row)
+        epos += 1
+        if buf[j] == _RBRACKET:
+            return j + 1, epos
+        i = _ws(buf, j + 1, end)
+    return -1, epos
+
+
+@njit(cache=True)
+def _scan_line(buf, start, end, elems, epos, span):
+    """Scan one line; span[0:2] is the messages array's byte span. Returns (status, new epos)."""
+    span[0] = span[1] = -1
+    i = _ws(buf, start, end)
+    if i == end:
+        return BLANK, epos
+    if buf[i] != _LBRACE:
+        return DECLINED, epos
+    e0 = epos
+    i = _ws(buf, i + 1, end)
+    while True:
+        if i >= end or buf[i] != _QUOTE:
+            return DECLINED, e0
+        j, escaped = _skip_string(buf, i, end)
+        if j < 0 or escaped:
+            return DECLINED, e0
+        ka, kb = i + 1, j - 1
+        i = _ws(buf, j, end)
+        if i >= end or buf[i] != _COLON:
+            return DECLINED, e0
+        i = _ws(buf, i + 1, end)
+        if i >= end:
+            return DECLINED, e0
+        if _is_key(buf, ka, kb, MESSAGES_KEY):
+            if span[0] >= 0 or buf[i] != _LBRACKET:
+                return DECLINED, e0  # repeated key, or not an array
+            j, epos = _messages(buf, i, end, elems, epos)
+            if j < 0:
+                return DECLINED, e0
+            span[0], span[1] = i, j
+            i = j
+        elif buf[i] == _QUOTE:
+            i, _ = _skip_string(buf, i, end)
+            if i < 0:
+                return DECLINED, e0
+        else:
+            i = _skip_value(buf, i, end)
+            if i < 0:
+                return DECLINED, e0
+        i = _ws(buf, i, end)
+        if i >= end:
+            return DECLINED, e0
+        if buf[i] == _COMMA:
+            i = _ws(buf, i + 1, end)
+            continue
+        if buf[i] == _RBRACE:
+            i = _ws(buf, i + 1, end)
+            break
+        return DECLINED, e0
+    if i != end or span[0] < 0:
+        return DECLINED, e0
+    return FAST, epos
+
+
+@njit(cache=True, nogil=True)
+def scan_chat_lines(buf, bounds, status, spans, counts, elems):
+    """Scan lines ``buf[bounds[k]:bounds[k+1]]``: ``status[k]``, ``spans[k]`` (the messages
+    array's start and end), ``counts[k]`` (its elements) and each element's byte span in
+    ``elems`` (rows in line order). Returns the rows written."""
+    epos = 0
+    for k in range(len(bounds) - 1):
+        e0 = epos
+        status[k], epos = _scan_line(buf, bounds[k], bounds[k + 1], elems, epos, spans[k])
+        counts[k] = epos - e0
+        p1 = p2 = np.uint64(0)
+        for r in range(e0, epos):  # prefix keys: chained over the line's elements
+            p1 = _mix(p1 * _GOLDEN + np.uint64(elems[r, KEY1]))
+            p2 = _mix((p2 ^ np.uint64(elems[r, KEY2])) * _FNV_PRIME + _ONE)
+            elems[r, PREFIX1] = np.int64(p1)
+            elems[r, PREFIX2] = np.int64(p2)
+    return epos
+
+
+class ChatScan:
+    """The scan of one block of lines: per-line status, messages span and element spans
+    (``elem_offsets[k]:elem_offsets[k+1]`` are line k's rows of ``elems``)."""
+
+    def __init__(self, block: np.ndarray) -> None:
+        self.bounds = bounds = line_bounds(block)
+        n = len(bounds) - 1
+        self.status = np.empty(n, np.int8)
+        self.spans = np.empty((n, 2), np.int64)
+        counts = np.empty(n, np.int64)
+        elems = np.empty((int(np.count_nonzero(block == _LBRACE)) + 1, 6), np.int64)  # every element opens a '{'
+        rows = scan_chat_lines(block, bounds, self.status, self.spans, counts, elems)
+        self.elems = elems[:rows]
+        self.elem_offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(counts, out=self.elem_offsets[1:])
+
+        self.data = block.tobytes()
+        self._bounds = bounds.tolist()
+        self._spans = self.spans.tolist()
+        self._elems = self.elems.tolist()
+        self._offsets = self.elem_offsets.tolist()
+
+    def line(self, k: int) -> tuple[int, int]:
+        """Byte span of line k (newline included)."""
+        return self._bounds[k], self._bounds[k + 1]
+
+    def span(self, k: int) -> tuple[int, int]:
+        """Byte span of line k's messages array (an accepted line)."""
+        return self._spans[k]
+
+    def elements(self, k: int) -> list[list[int]]:
+        """Each message of line k (an accepted line): its byte span, key and prefix key
+        (columns START ... PREFIX2)."""
+        return self._elems[self._offsets[k]:self._offsets[k + 1]]
+
+    def __len__(self) -> int:
+        return len(self.status)

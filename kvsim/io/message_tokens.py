@@ -1,0 +1,199 @@
+"""Chat prompts of a per-message template, assembled from each distinct message's tokens.
+
+A template with a :class:`~kvsim.io.templates.LocalForm` (llama3, chatml) renders every
+message on its own, so a prompt is the template's head, one piece per message and the
+generation prompt. :class:`MessageTokens` gives each distinct piece a handle the first time it
+is seen (the reader keys messages by the raw bytes of their JSON, so a message resent turn
+after turn is parsed and rendered once), tokenizes the new pieces of each batch at once, over
+the cores, and assembles every prompt by concatenating its pieces' token arrays.
+
+This equals tokenizing the whole prompt when every piece starts with a special token of an
+overlap-free set (:mod:`kvsim.io.pieces` says why): the tokenizer cuts the text there
+first. A piece that does not is not given a handle, and its prompt is rendered and tokenized
+as :class:`~kvsim.io.pieces.PieceEncoder` does (``tests/test_io_message_tokens.py``).
+
+An assistant message usually repeats the logged reply of the turn before, which is
+tokenized anyway (it is that turn's output). Its piece is then assembled from the reply's
+tokens between the template text's, where the tokenizer confirms that the join changes
+nothing (:meth:`~kvsim.io.tokenizers.Tokenizer.joins`), instead of being tokenized again.
+"""
+from __future__ import annotations
+
+import threading
+from itertools import chain
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from kvsim.io.pieces import PieceEncoder
+from kvsim.io.templates import LocalForm, RenderedPieces
+from kvsim.io.tokenizers import Tokenizer
+
+#: characters of distinct pieces (and raw message bytes) held; beyond it the reader starts a new store
+MAX_HELD_CHARS = 128 << 20
+#: reply tokens kept for the next turn's history; beyond it they are dropped
+MAX_REPLY_TOKENS = 16 << 20
+
+
+class PieceRefs(NamedTuple):
+    """A prompt as handles of its pieces (head, one per message, generation prompt)."""
+
+    parts: list[int]
+    weight: int  # characters of the pieces (sizes tokenization batches)
+
+
+class MessageTokens:
+    """Distinct pieces of a per-message template by handle, and their token arrays."""
+
+    def __init__(self, tok: Tokenizer, form: LocalForm, specials: tuple[str, ...], fallback: PieceEncoder) -> None:
+        self.tok = tok
+        self.form = form
+        self.specials = specials
+        self.fallback = fallback      # prompts whose pieces cannot be cut apart
+        self.handles: dict[str, int] = {}
+        self.texts: list[str] = []    # by handle (the reading thread appends)
+        self.chars: list[int] = []
+        self.arrays: list[np.ndarray] = []  # by handle (the tokenizing thread appends)
+        self.splits: dict[int, tuple[str, str, str]] = {}  # handle -> (before, message text, after)
+        self.held = 0
+        self.replies: dict[str, np.ndarray] = {}  # reply text -> its tokens (the tokenizing thread's)
+        self.reply_tokens = 0
+        self.constants: dict[str, np.ndarray] = {}  # template text -> its tokens
+        self._first_special = tok.first_special_id  # ids below it are ordinary tokens
+        self._lock = threading.Lock()
+        self.head = self._new(form.head) if form.head else None  # first in every prompt: no cut to check
+        self.tail = self.piece(form.tail)
+
+    @staticmethod
+    def usable(form: LocalForm | None, specials: tuple[str, ...] | None) -> bool:
+        """Can prompts of this form be cut between their pieces?"""
+        return form is not None and bool(specials) and form.tail.startswith(specials)
+
+    def piece(self, text: str) -> int | None:
+        """The handle of a piece (new pieces are queued for tokenization); None if it does not
+        start with a special token (so it cannot be tokenized apart from what precedes it)."""
+        h = self.handles.get(text)
+        if h is not None:
+            return h
+        if not text.startswith(self.specials):
+            return None
+        h = self.handles[text] = self._new(text)
+        return h
+
+    def _new(self, text: str) -> int:
+        with self._lock:
+            h = len(self.texts)
+            self.texts.append(text)
+        self.chars.append(len(text))
+        self.held += len(text)
+        return h
+
+    def prompt(self, handles: Sequence[int]) -> PieceRefs:
+        """The prompt whose messages' pieces are ``handles``."""
+        parts = [*([] if self.head is None else [self.head]), *handles, self.tail]
+        chars = self.chars
+        return PieceRefs(parts, sum([chars[h] for h in parts]))
+
+    def message(self, role: str, content: str) -> int | None:
+        """The handle of a message's piece (None: it cannot be cut apart)."""
+        parts = self.form.parts(role, content)
+        text = "".join(parts)
+        known = text in self.handles
+        h = self.piece(text)
+        if h is not None and not known and parts[1] and parts[2].startswith(self.specials):
+            self.splits[h] = parts
+        return h
+
+    def render(self, messages: Sequence[tuple[str, str]]) -> PieceRefs | None:
+        """The prompt of parsed messages, or None if a piece cannot be cut apart."""
+        handles = []
+        for role, content in messages:
+            h = self.message(role, content)
+            if h is None:
+                return None
+            handles.append(h)
+        return self.prompt(handles)
+
+    # -- on the tokenizing thread -----------------------------------------------------------
+    def encode(self, prompts: Sequence[PieceRefs | RenderedPieces], texts: Sequence[str] = ()
+               ) -> tuple[list[np.ndarray], list[list[int]], list[np.ndarray]]:
+        """Token ids of each prompt, the token index where each of its messages starts, and
+        the ids of ``texts`` (tokenized in the same batch as the new pieces)."""
+        refs = [i for i, p in enumerate(prompts) if isinstance(p, PieceRefs)]
+        others = [i for i, p in enumerate(prompts) if not isinstance(p, PieceRefs)]
+        # the pieces this batch needs and older ones: a newer piece may repeat a reply of a
+        # later batch, not tokenized yet
+        first = len(self.arrays)
+        stop = max((max(prompts[i].parts) + 1 for i in refs), default=first)
+        with self._lock:
+            new = self.texts[first:stop]
+        if self.reply_tokens > MAX_REPLY_TOKENS:
+            self.replies, self.reply_tokens = {}, 0
+        # pieces whose message text is a reply (of this batch or before) are assembled from it
+        batch_replies = set(texts)
+        derived = [self._repeats_reply(first + k, batch_replies) for k in range(len(new))]
+        encode = [k for k in range(len(new)) if not derived[k]]
+        encoded = self.tok.encode_arrays([*[new[k] for k in encode], *texts]) if encode or texts else []
+        reply_ids = encoded[len(encode):]
+        self._keep_replies(texts, reply_ids)
+        arrays: list[np.ndarray | None] = [None] * len(new)
+        for k, a in zip(encode, encoded):
+            arrays[k] = a
+        missing = []
+        for k in (k for k in range(len(new)) if derived[k]):
+            arrays[k] = self._assembled(first + k)
+            if arrays[k] is None:
+                missing.append(k)
+        for k, a in zip(missing, self.tok.encode_arrays([new[k] for k in missing]) if missing else []):
+            arrays[k] = a
+        self.arrays.extend(arrays)
+        ids: list[Any] = [None] * len(prompts)
+        starts: list[Any] = [None] * len(prompts)
+        if others:
+            o_ids, o_starts, _ = self.fallback.encode([prompts[i] for i in others])
+            for i, a, s in zip(others, o_ids, o_starts):
+                ids[i], starts[i] = a, s
+        if refs:
+            self._assemble([prompts[i] for i in refs], refs, ids, starts)
+        return ids, starts, reply_ids
+
+    def _repeats_reply(self, h: int, batch_replies: set[str]) -> bool:
+        split = self.splits.get(h)
+        return split is not None and (split[1] in self.replies or split[1] in batch_replies)
+
+    def _keep_replies(self, texts: Sequence[str], ids: Sequence[np.ndarray]) -> None:
+        for text, a in zip(texts, ids):
+            if text:
+                self.replies[text] = a
+                self.reply_tokens += len(a)
+
+    def _assembled(self, h: int) -> np.ndarray | None:
+        """A piece's tokens from its template texts' and its reply's, if the joins are exact
+        (the one before the piece's ``after`` text is a cut before a special token)."""
+        before, text, after = self.splits.pop(h)
+        ids = self.replies[text]
+        # special tokens in a text are encoded as their ids, so its ids show whether it holds one
+        plain = ids.size == 0 or int(ids.max()) < self._first_special
+        if not self.tok.joins(before, text, right_plain=plain):
+            return None
+        return np.concatenate([self._constant(before), ids, self._constant(after)])
+
+    def _constant(self, text: str) -> np.ndarray:
+        a = self.constants.get(text)
+        if a is None:
+            a = self.constants[text] = self.tok.encode_arrays([text])[0]
+        return a
+
+    def _assemble(self, prompts: list[PieceRefs], where: list[int], ids: list, starts: list) -> None:
+        arrays = self.arrays
+        parts = [arrays[h] for h in chain.from_iterable(p.parts for p in prompts)]
+        tokens = np.concatenate(parts)
+        ends = np.cumsum(np.fromiter(map(len, parts), np.int64, count=len(parts))).tolist()
+        first = 0 if self.head is None else 1  # message k > 0 is piece k + first
+        pos = 0  # index in parts of the prompt's first piece
+        for i, p in zip(where, prompts):
+            n = len(p.parts)
+            base = ends[pos - 1] if pos else 0
+            ids[i] = tokens[base:ends[pos + n - 1]]
+            starts[i] = [0, *[ends[pos + k + first - 1] - base for k in range(1, n - 1 - first)]]
+            pos += n
