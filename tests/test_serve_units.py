@@ -203,7 +203,7 @@ def test_metric_names_are_the_engines_own():
     (["--finish", "never"], "--finish must be length or stop"),
     (["--implementation", "turbo"], "--implementation must be fast or reference"),
     (["--port", "70000"], "--port must be in"),
-    (["--record", "/nonexistent-dir/rec.jsonl"], "does not exist"),
+    (["--record", f"{__file__}/rec.jsonl"], "is a file, cannot create the folder"),
     (["--capacity", "1000", "--max-model-len", "4096"], "does not fit the KV cache"),
     (["--tokenizer", "no-such-encoding"], "unknown tokenizer"),
     (["--lora-modules", "=x"], "expected NAME=PATH"),
