@@ -226,7 +226,9 @@ def vllm_blocks_for_memory(memory_bytes: int, kv_bytes_per_token: int, block_siz
 
 def sglang_tokens_for_memory(memory_bytes: int, kv_bytes_per_token: int, page_size: int) -> int:
     """SGLang's max_total_num_tokens for this much KV memory (whole tokens, page-aligned)."""
-    return int(memory_bytes) // int(kv_bytes_per_token) // int(page_size) * int(page_size)
+    from kvsim.cache.radix.rules import floor_page
+
+    return floor_page(int(memory_bytes) // int(kv_bytes_per_token), int(page_size))
 
 
 def apc_num_gpu_blocks(options) -> int | None:
@@ -276,7 +278,9 @@ def radix_max_total_tokens(options) -> int | None:
         tokens = mem // model.kv_bytes_per_token()
     else:
         return None
-    tokens = tokens // p * p
+    from kvsim.cache.radix.rules import floor_page
+
+    tokens = floor_page(tokens, p)
     if tokens <= 0:
         raise ConfigError(f"capacity rounds down to 0 tokens at page size {p}")
     return tokens
