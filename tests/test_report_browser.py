@@ -80,7 +80,7 @@ def _non_blank(png: bytes) -> bool:
 def demo_report(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("browser") / "report.html"
     # 120 requests keep the concurrent replays of the "Under load" section short
-    assert run(["report", str(DEMO), "-o", str(out), "--capacity-tokens", "20000", "--limit", "120"]) == 0
+    assert run(["report", str(DEMO), "-o", str(out), "--capacity", "20000", "--limit", "120"]) == 0
     return out
 
 

@@ -22,10 +22,12 @@ def _embedded(page: str) -> list[bytes]:
 
 
 def test_report_writes_the_page_and_the_pngs_next_to_it(tmp_path, capsys):
+    """... into a folder it creates."""
+    tmp_path = tmp_path / "new"
     out = tmp_path / "report.html"
     mask = os.umask(0o022)
     try:
-        assert run(["report", str(TRACES / "multi_lora.jsonl"), "-o", str(out), "--capacity-tokens", "8000",
+        assert run(["report", str(TRACES / "multi_lora.jsonl"), "-o", str(out), "--capacity", "8000",
                     "--block-sizes", "16,64", "--no-concurrent"]) == 0
     finally:
         os.umask(mask)
@@ -81,7 +83,7 @@ def test_calibration_turns_saved_tokens_into_gpu_seconds(tmp_path):
     Calibration(device="test-gpu", model="m", dtype="float32", fixed_s=0.0, per_token_s=1e-3,
                 per_context_token_s=0.0).save(cal)
     out = tmp_path / "r.html"
-    assert run(["report", str(TRACES / "rag.jsonl"), "-o", str(out), "--capacity-tokens", "inf",
+    assert run(["report", str(TRACES / "rag.jsonl"), "-o", str(out), "--capacity", "inf",
                 "--calibration", str(cal), "--block-sizes", "16", "--no-concurrent"]) == 0
     page = out.read_text()
     from kvsim import load_trace
@@ -121,7 +123,7 @@ def test_gpu_results_add_the_gpu_section(tmp_path):
 
 @pytest.mark.parametrize("command", [
     ["analyze"],
-    ["simulate", "--policy", "apc", "--capacity-tokens", "6000"],
+    ["simulate", "--policy", "apc", "--capacity", "6000"],
     ["sweep", "-c", "3000,12000", "--block-size", "16,64", "-j", "1"],
 ])
 def test_html_option_on_analyze_simulate_and_sweep(command, tmp_path, capsys):

@@ -8,12 +8,12 @@ import typer
 
 from kvsim.cli.app import app, console, err_console
 from kvsim.cli.replay_options import SpeedupOpt
+from kvsim.cli.options import ANALYZE_DEFAULT, INPUT_DEFAULT, BlockSizesOpt, TopOpt
 from kvsim.cli.options import (DEFAULT, BlockSizeOpt, CapacityOpt, EngineVersionOpt, EvictionOpt, FormatOpt,
                                GpuOpt, GpuUtilOpt, KvCacheMemoryOpt, LimitOpt, LogPaths, MaxTotalTokensOpt,
                                MemFractionOpt, ModelOpt, NumGpuBlocksOpt, OnErrorOpt, PageSizeOpt, ShowTextOpt,
                                TemplateOpt, TokenizerOpt, TraceBlockOpt, WarmupOpt, load_from_cli, sim_options)
 
-_ENG = "Engine settings"
 _OUT = "Output"
 ConcurrentOpt = Annotated[bool, typer.Option(
     "--concurrent/--no-concurrent", help="The Under load section: the log replayed as it arrived (timed, with "
@@ -59,9 +59,8 @@ def report(
     page_size: PageSizeOpt = DEFAULT["page_size"],
     eviction: EvictionOpt = DEFAULT["eviction_policy"],
     engine_version: EngineVersionOpt = None,
-    block_sizes: Annotated[str, typer.Option("--block-sizes", help="Block and page sizes of the block-size chart.",
-                                             rich_help_panel=_ENG)] = "16,32,64,128,256,512",
-    top: Annotated[int, typer.Option("--top", help="Shared prefixes and divergence sites listed.")] = 10,
+    block_sizes: BlockSizesOpt = ANALYZE_DEFAULT["block_sizes"],
+    top: TopOpt = ANALYZE_DEFAULT["top"],
     show_text: ShowTextOpt = False,
     calibration: Annotated[Optional[Path], typer.Option(
         "--calibration", help="gpu-validate calibration JSON: estimate the prefill GPU time saved (and the step "
@@ -76,11 +75,11 @@ def report(
     warmup: WarmupOpt = None,
     concurrent: ConcurrentOpt = True,
     speedup: SpeedupOpt = 1.0,
-    fmt: FormatOpt = "auto",
-    tokenizer: TokenizerOpt = "cl100k_base",
-    chat_template: TemplateOpt = "llama3",
-    trace_block_size: TraceBlockOpt = 512,
-    on_error: OnErrorOpt = "fail",
+    fmt: FormatOpt = INPUT_DEFAULT["format"],
+    tokenizer: TokenizerOpt = INPUT_DEFAULT["tokenizer"],
+    chat_template: TemplateOpt = INPUT_DEFAULT["chat_template"],
+    trace_block_size: TraceBlockOpt = INPUT_DEFAULT["trace_block_size"],
+    on_error: OnErrorOpt = INPUT_DEFAULT["on_error"],
     limit: LimitOpt = None,
 ) -> None:
     """Write an HTML report (plus PNG charts) of a prompt log: what a prefix cache would save.

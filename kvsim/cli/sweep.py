@@ -8,6 +8,7 @@ import typer
 
 from kvsim.cli.app import app, console
 from kvsim.cli.replay_options import ArrivalFromOpt, ArrivalsOpt, ReplayOpt, SpeedupOpt, StepSecondsOpt
+from kvsim.cli.options import INPUT_DEFAULT
 from kvsim.cli.options import (
     DEFAULT,
     BlockSizeListOpt,
@@ -72,11 +73,11 @@ def sweep(
     calibration: Annotated[Optional[Path], typer.Option(
         "--calibration", help="--replay timed: a gpu-validate calibration JSON as the step cost.",
         rich_help_panel="Concurrent replay (--replay steps|timed)", show_default=False)] = None,
-    fmt: FormatOpt = "auto",
-    tokenizer: TokenizerOpt = "cl100k_base",
-    chat_template: TemplateOpt = "llama3",
-    trace_block_size: TraceBlockOpt = 512,
-    on_error: OnErrorOpt = "fail",
+    fmt: FormatOpt = INPUT_DEFAULT["format"],
+    tokenizer: TokenizerOpt = INPUT_DEFAULT["tokenizer"],
+    chat_template: TemplateOpt = INPUT_DEFAULT["chat_template"],
+    trace_block_size: TraceBlockOpt = INPUT_DEFAULT["trace_block_size"],
+    on_error: OnErrorOpt = INPUT_DEFAULT["on_error"],
     limit: LimitOpt = None,
 ) -> None:
     """Replay a log at every combination of capacity, block/page size and policy.

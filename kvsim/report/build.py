@@ -23,6 +23,7 @@ from kvsim.replay.options import SimOptions
 from kvsim.report import figures as F
 from kvsim.report import text as T
 from kvsim.report.document import Chart, KeyNumber, ReportData, Section, Table
+from kvsim.sweep.curves import capacity_for_share
 
 Say = Callable[[str], None]
 POLICIES = ("apc", "radix")
@@ -90,22 +91,6 @@ def has_capacity(sim: SimOptions) -> bool:
     """Does ``sim`` name a capacity (else the replay would be unlimited)?"""
     return any(v is not None for v in (sim.capacity_tokens, sim.num_gpu_blocks, sim.max_total_tokens,
                                        sim.kv_cache_memory)) or bool(sim.model and sim.gpu)
-
-
-def capacity_for_share(model: Any, share: float) -> float | None:
-    """Smallest capacity (tokens) from which on a one-pass curve stays at >= ``share`` of its
-    unlimited-cache hit rate; None when nothing is ever reused."""
-    full = float(model.hit_rate_at_units([math.inf])[0])
-    if full <= 0:
-        return None
-    units = np.unique(np.concatenate([model.hit_thr, -(-model.den_thr // model.unit_tokens), [1]]))
-    units = units[units >= 1].astype(np.float64)
-    below = np.flatnonzero(model.hit_rate_at_units(units) < share * full - 1e-12)
-    if len(below) == 0:
-        return float(units[0] * model.unit_tokens)
-    if below[-1] + 1 >= len(units):
-        return None
-    return float(units[below[-1] + 1] * model.unit_tokens)
 
 
 class _Builder:
