@@ -41,7 +41,7 @@ test: venv-test
 	KVSIM_ORACLE_PYTHON=$(abspath $(ORACLE))/bin/python $(PY) -m pytest -q
 
 bench: venv-test oracle
-	KVSIM_ORACLE_PYTHON=$(abspath $(ORACLE))/bin/python $(PY) bench/bench_apc.py && $(PY) bench/bench_radix.py && $(PY) bench/bench_analyze.py && $(PY) bench/bench_sweep.py && $(PY) bench/bench_sched.py
+	export KVSIM_ORACLE_PYTHON=$(abspath $(ORACLE))/bin/python; $(PY) bench/bench_apc.py && $(PY) bench/bench_radix.py && $(PY) bench/bench_analyze.py && $(PY) bench/bench_sweep.py && $(PY) bench/bench_sched.py
 
 clean:
 	rm -rf $(VENV) $(OUT) build *.egg-info

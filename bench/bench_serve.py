@@ -177,7 +177,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--policies", default="apc,radix")
-    ap.add_argument("--implementation", "--engine", dest="engine", default="fast",
+    ap.add_argument("--implementation", dest="engine", default="fast",
                     help="the server's --implementation (fast or reference)")
     ap.add_argument("--no-proxy", action="store_true", help="skip the proxy measurement")
     ap.add_argument("--json", type=Path, default=None)

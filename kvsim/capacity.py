@@ -5,7 +5,8 @@ from typing import Any
 
 from kvsim.errors import ConfigError
 from kvsim.models import (GiB, get_model, gpu_memory_bytes, parse_bytes, sglang_kv_memory_estimate,
-                          sglang_mem_fraction_static, vllm_kv_memory_estimate)
+                          sglang_mem_fraction_static, sglang_tokens_for_memory, vllm_blocks_for_memory,
+                          vllm_kv_memory_estimate)
 
 
 def capacity_report(model: str, gpu: str | None = None, kv_cache_memory: str | None = None, tp: int = 1,
@@ -46,8 +47,8 @@ def capacity_report(model: str, gpu: str | None = None, kv_cache_memory: str | N
         return {"model": shape.name, "gpu": None, "rows": rows, "figures": fig}
     if mem_v <= 0 or mem_s <= 0:
         raise ConfigError(f"{shape.name} (tp={tp}) leaves no memory for the KV cache on {gpu}")
-    blocks = mem_v // (kv_bytes * block_size)
-    sg_tokens = mem_s // kv_bytes // page_size * page_size
+    blocks = vllm_blocks_for_memory(mem_v, kv_bytes, block_size)
+    sg_tokens = sglang_tokens_for_memory(mem_s, kv_bytes, page_size)
     fig.update(vllm_kv_memory_bytes=mem_v, vllm_num_gpu_blocks=blocks, vllm_token_capacity=(blocks - 1) * block_size,
                sglang_kv_memory_bytes=mem_s, sglang_max_total_num_tokens=sg_tokens)
     rows += [

@@ -219,6 +219,18 @@ def _model_of(options) -> ModelShape:
     return get_model(options.model)
 
 
+def vllm_blocks_for_memory(memory_bytes: int, kv_bytes_per_token: int, block_size: int) -> int:
+    """vLLM's num_gpu_blocks for this much KV memory (whole blocks; block 0 is the null block)."""
+    return int(memory_bytes) // (int(kv_bytes_per_token) * int(block_size))
+
+
+def sglang_tokens_for_memory(memory_bytes: int, kv_bytes_per_token: int, page_size: int) -> int:
+    """SGLang's max_total_num_tokens for this much KV memory (whole tokens, page-aligned)."""
+    from kvsim.cache.radix.rules import floor_page
+
+    return floor_page(int(memory_bytes) // int(kv_bytes_per_token), int(page_size))
+
+
 def apc_num_gpu_blocks(options) -> int | None:
     """vLLM's num_gpu_blocks (null block included) for these options; None = unlimited."""
     b = int(options.block_size)
@@ -235,13 +247,13 @@ def apc_num_gpu_blocks(options) -> int | None:
         return int(options.max_total_tokens) // b + 1
     if options.kv_cache_memory is not None:
         model = _model_of(options)
-        return int(options.kv_cache_memory) // (model.kv_bytes_per_token() * b)
+        return vllm_blocks_for_memory(options.kv_cache_memory, model.kv_bytes_per_token(), b)
     if options.gpu is not None:
         model = _model_of(options)
         mem = vllm_kv_memory_estimate(model, gpu_memory_bytes(options.gpu), options.gpu_memory_utilization)
         if mem <= 0:
             raise ConfigError(f"{model.name} does not fit on {options.gpu} (no memory left for KV)")
-        return mem // (model.kv_bytes_per_token() * b)
+        return vllm_blocks_for_memory(mem, model.kv_bytes_per_token(), b)
     return None
 
 
@@ -266,7 +278,9 @@ def radix_max_total_tokens(options) -> int | None:
         tokens = mem // model.kv_bytes_per_token()
     else:
         return None
-    tokens = tokens // p * p
+    from kvsim.cache.radix.rules import floor_page
+
+    tokens = floor_page(tokens, p)
     if tokens <= 0:
         raise ConfigError(f"capacity rounds down to 0 tokens at page size {p}")
     return tokens

@@ -1,6 +1,12 @@
 """Every file kvsim writes goes through here: never over an input file, never over existing
-data unless asked, always atomically (a temporary file renamed into place, with the usual
-umask mode), and JSON from numpy values without surprises."""
+data unless asked, always atomically (a temporary file renamed into place), missing parent
+folders created, and JSON from numpy values without surprises.
+
+Modes: what a user asks for by name (reports, PNGs, JSON and CSV summaries, per-request
+rows, exports) gets the usual umask mode, and none of it holds prompt text unless
+``--show-text`` asked for it; what kvsim keeps on the side that holds prompt token ids
+(the trace cache, ``kvsim serve``'s record, the tokenizer failure note) is ``private``:
+mode 0600 in folders of mode 0700, the user's alone."""
 from __future__ import annotations
 
 import gzip
@@ -29,13 +35,53 @@ def check_output_path(path: Path, inputs: Iterable[Path] = (), force: bool = Tru
         raise KvsimError(f"{path}: is a directory, expected a file path")
     if path.exists() and not force:
         raise KvsimError(f"{path}: already exists (use --force to overwrite)")
-    if not path.parent.exists():
-        raise KvsimError(f"{path.parent}: directory does not exist")
+    _check_can_make(path.parent)
     return path
 
 
+def _check_can_make(folder: Path) -> None:
+    """A missing ``folder`` can be created: its nearest existing ancestor is a folder."""
+    for parent in (folder, *folder.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise KvsimError(f"{parent}: is a file, cannot create the folder {folder}")
+            return
+
+
+def make_dir(folder: Path, private: bool = False) -> Path:
+    """Create ``folder`` and its missing parents (mode 0700 when ``private``)."""
+    folder = Path(folder).expanduser()
+    _check_can_make(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700 if private else 0o777)
+        if private:
+            os.chmod(folder, 0o700)
+    except OSError as e:
+        raise KvsimError(f"cannot create the folder {folder}: {e.strerror}") from None
+    return folder
+
+
 @contextmanager
-def atomic_file(path: Path, compress: bool | None = None) -> Iterator[IO[bytes]]:
+def atomic_path(path: Path, private: bool = False) -> Iterator[Path]:
+    """A temporary path beside ``path`` that is renamed to it when the block ends without
+    error (for writers that want a file name); the parent folder is created if missing.
+    Mode 0600 when ``private``, else the usual umask mode."""
+    path = Path(path)
+    make_dir(path.parent)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, 0o600 if private else 0o666 & ~_umask())  # mkstemp makes 0600
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+@contextmanager
+def atomic_file(path: Path, compress: bool | None = None, private: bool = False) -> Iterator[IO[bytes]]:
     """A binary file that appears at ``path`` only when the block ends without error.
 
     ``compress`` (default: when the name ends in ``.gz``) writes gzip with no name and
@@ -44,24 +90,25 @@ def atomic_file(path: Path, compress: bool | None = None) -> Iterator[IO[bytes]]
     path = Path(path)
     if compress is None:
         compress = path.name.endswith(".gz")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            if compress:
-                with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz:
-                    yield gz
-            else:
-                yield raw
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path, private) as tmp, open(tmp, "wb") as raw:
+        if compress:
+            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz:
+                yield gz
+        else:
+            yield raw
 
 
-def write_bytes_atomic(path: Path, payload: bytes) -> None:
-    with atomic_file(path, compress=False) as f:
+def open_private_append(path: Path) -> IO[str]:
+    """``path`` opened for appending text, line-buffered; created with mode 0600 (the parent
+    folder too, if missing). An existing file keeps its mode."""
+    path = Path(path)
+    make_dir(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    return os.fdopen(fd, "a", encoding="utf-8", buffering=1)
+
+
+def write_bytes_atomic(path: Path, payload: bytes, private: bool = False) -> None:
+    with atomic_file(path, compress=False, private=private) as f:
         f.write(payload)
 
 

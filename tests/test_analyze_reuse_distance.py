@@ -1,65 +1,58 @@
-"""Reuse distance (LRU stack distances) and the capacity needed for a share of the bound."""
+"""The KV capacity for a share of the upper bound: one definition, shared by analyze and report."""
 from __future__ import annotations
 
-from collections import OrderedDict
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from kvsim.analyze import AnalyzeOptions, analyze
-from kvsim.analyze.reuse import build_prefix_index, namespace_roots
-from kvsim.analyze.reuse_distance import block_accesses
 from kvsim.io.trace import Trace
-from kvsim.kernels.stack import stack_distances
+from kvsim.replay.driver import replay
+from kvsim.replay.options import SimOptions
+
+TRACES = Path(__file__).resolve().parents[1] / "traces"
 
 
-def naive_distances(seq: list[int]) -> list[int]:
-    """Distinct other ids since the previous access of the same id (-1 on first access)."""
-    out = []
-    for t, x in enumerate(seq):
-        prev = max((p for p in range(t) if seq[p] == x), default=None)
-        out.append(-1 if prev is None else len(set(seq[prev + 1:t])))
-    return out
+def apc_cached(trace: Trace, capacity_tokens: float) -> int:
+    """Prompt tokens an exact sequential APC replay serves from the cache (admitted requests)."""
+    r = replay("apc", trace, SimOptions(capacity_tokens=capacity_tokens))
+    return int(r.cached_tokens[~r.rejected].sum())
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_stack_distances_match_naive(seed):
-    rng = np.random.default_rng(seed)
-    seq = rng.integers(0, 12, 200)
-    assert stack_distances(seq.astype(np.int64), 12).tolist() == naive_distances(seq.tolist())
-
-
-def lru_block_hits(trace: Trace, capacity_blocks: int) -> int:
-    """A plain LRU over the 16-token block accesses: prompt blocks found in the cache."""
-    idx = build_prefix_index(trace.tokens, trace.offsets, namespace_roots(trace))
-    ids, in_prompt = block_accesses(idx, 16)
-    cache: OrderedDict[int, None] = OrderedDict()
-    hits = 0
-    for x, p in zip(ids.tolist(), in_prompt.tolist()):
-        if x in cache:
-            hits += p
-            cache.move_to_end(x)
-        else:
-            cache[x] = None
-            if len(cache) > capacity_blocks:
-                cache.popitem(last=False)
-    return hits
-
-
-def test_capacity_captures_the_share_under_lru():
-    """At the reported capacity an LRU cache keeps >= X% of the block hits; one block less does not."""
+def test_capacity_keeps_the_share_in_an_exact_replay():
+    """At the reported capacity an exact APC replay keeps >= X% of the unlimited cache's hits;
+    one block less keeps fewer."""
     rng = np.random.default_rng(11)
     systems = [list(range(s * 1000, s * 1000 + 16 * int(rng.integers(2, 12)))) for s in range(6)]
     pick = rng.choice(6, size=60, p=[0.4, 0.25, 0.15, 0.1, 0.05, 0.05])
     prompts = [systems[k] + rng.integers(10**6, 2 * 10**6, 20).tolist() for k in pick]
-    trace = Trace.from_prompts(prompts)
+    trace = Trace.from_prompts(prompts, output_lengths=[1] * len(prompts))
     rd = analyze(trace).reuse_distance[0]
-    total = rd["hit_blocks"]
-    assert total == lru_block_hits(trace, 10**9)
+    total = apc_cached(trace, float("inf"))
+    assert rd["hit_tokens"] == total > 0
+    assert [row["share_of_bound"] for row in rd["capacity"]] == [50, 80, 90, 99]
     for row in rd["capacity"]:
-        c = row["tokens"] // 16
-        assert lru_block_hits(trace, c) >= row["share_of_bound"] / 100 * total
-        assert lru_block_hits(trace, c - 1) < row["share_of_bound"] / 100 * total
+        need = row["share_of_bound"] / 100 * total
+        assert apc_cached(trace, row["tokens"]) >= need
+        assert apc_cached(trace, row["tokens"] - 16) < need
+
+
+def test_analyze_and_report_give_the_same_capacity(tmp_path):
+    """`kvsim analyze --json` and the report's key number read the KV for 90% of the bound off
+    one pass, so they agree."""
+    from kvsim.cli import run
+    from kvsim.io.load import load_trace
+    from kvsim.report import build_report
+
+    log = TRACES / "support_chat.tokens.jsonl"
+    out = tmp_path / "a.json"
+    assert run(["analyze", str(log), "--json", str(out)]) == 0
+    rows = {r["share_of_bound"]: r["tokens"] for r in json.loads(out.read_text())["reuse_distance"][0]["capacity"]}
+    report = build_report(load_trace(log))
+    assert report.numbers["target_share"] == 0.9
+    assert rows[90] == report.numbers["capacity_for_target"]["apc"] > 0
 
 
 def test_gib_with_a_model():
@@ -69,14 +62,9 @@ def test_gib_with_a_model():
     # Llama-3-8B: 2 (K, V) x 32 layers x 8 KV heads x 128 x 2 bytes = 131,072 bytes per token
     assert report.settings["kv_bytes_per_token"] == 131072
     assert row["gib"] == pytest.approx(row["tokens"] * 131072 / 2**30)
-    # each of the 4 reused blocks was last used 9 distinct blocks earlier (the other 3 of its
-    # own prompt and the 6 of the prompt in between), so LRU needs 10 blocks to keep it
-    assert row["tokens"] == (9 + 1) * 16
 
 
 def test_hash_trace_adds_its_own_block_size(tmp_path):
-    import json
-
     import kvsim
 
     path = tmp_path / "m.jsonl"
@@ -85,4 +73,6 @@ def test_hash_trace_adds_its_own_block_size(tmp_path):
                             + "\n" for L, ids in rows))
     rd = analyze(kvsim.load_trace(path, format="mooncake")).reuse_distance
     assert [r["block_size"] for r in rd] == [16, 512]
-    assert rd[1]["hit_blocks"] == 1 + 2
+    # APC at 512-token blocks: request 2 hits block 1 (its last block is recomputed), request 3
+    # blocks 1 and 2 (apc.md §2.2: at most floor((L-1)/B) blocks)
+    assert rd[1]["hit_tokens"] == (1 + 2) * 512

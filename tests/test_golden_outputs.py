@@ -49,13 +49,13 @@ TRACES = [
 #: non-default settings of both engines, on one trace
 VARIANTS = [
     ("demo_mixture_p16_lfu_b32", "traces/demo_mixture.jsonl",
-     ["--capacity-tokens", "20000", "--page-size", "16", "--eviction-policy", "lfu", "--block-size", "32"]),
+     ["--capacity", "20000", "--page-size", "16", "--eviction", "lfu", "--block-size", "32"]),
     ("demo_mixture_classic_stop", "traces/demo_mixture.jsonl",
-     ["--capacity-tokens", "20000", "--radix-tree", "classic", "--finish", "stop",
+     ["--capacity", "20000", "--radix-tree", "classic", "--finish", "stop",
       "--disable-overlap-schedule", "--chunked-prefill-size", "256", "--engine-version", "0.11"]),
     ("multi_tenant_sha256_need", "traces/multi_tenant.jsonl",
      ["--num-gpu-blocks", "700", "--max-total-tokens", "9000", "--hash-algo", "sha256",
-      "--eviction-amount", "need", "--eviction-policy", "fifo"]),
+      "--eviction-amount", "need", "--eviction", "fifo"]),
 ]
 
 
@@ -65,7 +65,7 @@ ANALYZE = ["traces/demo_mixture.jsonl", "traces/multi_tenant.jsonl", "traces/sup
 #: kvsim sweep --json (one process, curves on)
 SWEEPS = [
     ("sweep_demo_mixture", "traces/demo_mixture.jsonl",
-     ["-c", "5000,20000,inf", "--block-size", "16,32", "--page-size", "1,16", "--eviction-policy", "lru,lfu"]),
+     ["-c", "5000,20000,inf", "--block-size", "16,32", "--page-size", "1,16", "--eviction", "lru,lfu"]),
     ("sweep_multi_lora", "traces/multi_lora.jsonl", ["-c", "3000,12000", "--policy", "radix"]),
 ]
 
@@ -75,7 +75,7 @@ def cases() -> list[tuple[str, list[str]]]:
     out = []
     for name, path, read, small, large in TRACES:
         for cap in (small, large):
-            out.append((f"{name}.{cap}", [path, *read, "--capacity-tokens", str(cap)]))
+            out.append((f"{name}.{cap}", [path, *read, "--capacity", str(cap)]))
     out += [(name, [path, *args]) for name, path, args in VARIANTS]
     return out
 

@@ -121,7 +121,7 @@ def test_every_command_reads_parquet(tmp_path, capsys):
     results = []
     for src in (log, path):
         js = tmp_path / f"{src.suffix}.json"
-        assert run(["simulate", str(src), "--policy", "all", "--capacity-tokens", "20000", "--json", str(js)]) == 0
+        assert run(["simulate", str(src), "--policy", "all", "--capacity", "20000", "--json", str(js)]) == 0
         summaries = {k: v["summary"] for k, v in json.loads(js.read_text())["policies"].items()}
         results.append({k: {f: x for f, x in s.items() if f != "replay_seconds"} for k, s in summaries.items()})
     assert results[0] == results[1]

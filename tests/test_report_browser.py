@@ -79,7 +79,8 @@ def _non_blank(png: bytes) -> bool:
 @pytest.fixture(scope="module")
 def demo_report(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("browser") / "report.html"
-    assert run(["report", str(DEMO), "-o", str(out), "--capacity-tokens", "20000"]) == 0
+    # 120 requests keep the concurrent replays of the "Under load" section short
+    assert run(["report", str(DEMO), "-o", str(out), "--capacity", "20000", "--limit", "120"]) == 0
     return out
 
 
@@ -102,6 +103,10 @@ def test_report_loads_in_chromium_with_every_image_decoded(demo_report: Path, tm
     assert len(state["images"]) == len(embedded)
     for img in state["images"]:
         assert img["complete"] and img["w"] > 100 and img["h"] > 100, f"image not decoded: {img}"
+    alts = " ".join(img["alt"] for img in state["images"])
+    assert "time to first token, with and without prefix caching" in alts     # the Under load section
+    assert "sequential and concurrent replay" in alts
+    assert "Under load: concurrent replay" in done.stdout
     for b64 in embedded:
         assert _non_blank(base64.b64decode(b64)), "an embedded chart is blank"
     assert "Uncaught" not in done.stderr

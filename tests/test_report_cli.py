@@ -14,6 +14,7 @@ from kvsim.cli import run
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 CHARTS = {"capacity", "block_policies", "block_size", "cached_fraction", "divergence", "prefix_tree", "groups"}
+LOAD_CHARTS = {"load_hit_rate", "ttft"}     # the "Under load" section, on logs with timestamps
 
 
 def _embedded(page: str) -> list[bytes]:
@@ -21,11 +22,13 @@ def _embedded(page: str) -> list[bytes]:
 
 
 def test_report_writes_the_page_and_the_pngs_next_to_it(tmp_path, capsys):
+    """... into a folder it creates."""
+    tmp_path = tmp_path / "new"
     out = tmp_path / "report.html"
     mask = os.umask(0o022)
     try:
-        assert run(["report", str(TRACES / "multi_lora.jsonl"), "-o", str(out), "--capacity-tokens", "8000",
-                    "--block-sizes", "16,64"]) == 0
+        assert run(["report", str(TRACES / "multi_lora.jsonl"), "-o", str(out), "--capacity", "8000",
+                    "--block-sizes", "16,64", "--no-concurrent"]) == 0
     finally:
         os.umask(mask)
     assert all(p.stat().st_mode & 0o777 == 0o644 for p in tmp_path.iterdir())  # not mkstemp's 0600
@@ -41,12 +44,13 @@ def test_report_writes_the_page_and_the_pngs_next_to_it(tmp_path, capsys):
                   "Recommendation"):
         assert title in page
     assert "at 8,000 tokens" in page and "not estimated" in page
+    assert "Under load" not in page       # --no-concurrent
 
 
 def test_png_dir(tmp_path):
     out, pngs = tmp_path / "r.html", tmp_path / "figs"
     assert run(["report", str(TRACES / "code_review.jsonl"), "-o", str(out), "--png-dir", str(pngs),
-                "--block-sizes", "16"]) == 0
+                "--block-sizes", "16", "--no-concurrent"]) == 0
     # one namespace: no group chart
     assert {p.stem for p in pngs.glob("*.png")} == CHARTS - {"groups"}
     assert "no tenants, cache salts or LoRA adapters" in out.read_text()
@@ -65,7 +69,8 @@ def test_no_prompt_text_without_show_text(tmp_path):
     page = out.read_text()
     assert secret not in page and "Request ID" not in page
     assert "prompt text is left out" in page
-    assert run(["report", str(path), "-o", str(out), "--block-sizes", "16", "--top", "3", "--show-text"]) == 0
+    assert run(["report", str(path), "-o", str(out), "--block-sizes", "16", "--top", "3", "--show-text",
+                "--no-concurrent"]) == 0
     page = out.read_text()
     assert "Request ID" in page  # the volatile site's text, now asked for
 
@@ -78,8 +83,8 @@ def test_calibration_turns_saved_tokens_into_gpu_seconds(tmp_path):
     Calibration(device="test-gpu", model="m", dtype="float32", fixed_s=0.0, per_token_s=1e-3,
                 per_context_token_s=0.0).save(cal)
     out = tmp_path / "r.html"
-    assert run(["report", str(TRACES / "rag.jsonl"), "-o", str(out), "--capacity-tokens", "inf",
-                "--calibration", str(cal), "--block-sizes", "16"]) == 0
+    assert run(["report", str(TRACES / "rag.jsonl"), "-o", str(out), "--capacity", "inf",
+                "--calibration", str(cal), "--block-sizes", "16", "--no-concurrent"]) == 0
     page = out.read_text()
     from kvsim import load_trace
     from kvsim.api import simulate
@@ -93,7 +98,7 @@ def test_calibration_turns_saved_tokens_into_gpu_seconds(tmp_path):
 def test_model_adds_gib(tmp_path):
     out = tmp_path / "r.html"
     assert run(["report", str(TRACES / "rag.jsonl"), "-o", str(out), "--model", "llama-3-8b",
-                "--block-sizes", "16"]) == 0
+                "--block-sizes", "16", "--no-concurrent"]) == 0
     page = out.read_text()
     assert "GiB" in page and "KV cache memory [GiB]" not in page  # the axis label lives in the PNG
     assert "add --model for GiB" not in page
@@ -106,7 +111,8 @@ def test_gpu_results_add_the_gpu_section(tmp_path):
                 "--repeats", "1", "-o", str(gv), "--no-report"]) == 0
     out = tmp_path / "r.html"
     assert run(["report", str(TRACES / "support_chat.jsonl"), "-o", str(out), "--block-sizes", "16",
-                "--gpu-results", str(gv / "gpu_validate.json"), "--calibration", str(gv / "calibration.json")]) == 0
+                "--gpu-results", str(gv / "gpu_validate.json"), "--calibration", str(gv / "calibration.json"),
+                "--no-concurrent"]) == 0
     page = out.read_text()
     assert "id='gpu-validate'" in page and "GPU validation: PASS" in page
     gpu_pngs = {p.name for p in tmp_path.glob("r_gpu_*.png")}
@@ -117,7 +123,7 @@ def test_gpu_results_add_the_gpu_section(tmp_path):
 
 @pytest.mark.parametrize("command", [
     ["analyze"],
-    ["simulate", "--policy", "apc", "--capacity-tokens", "6000"],
+    ["simulate", "--policy", "apc", "--capacity", "6000"],
     ["sweep", "-c", "3000,12000", "--block-size", "16,64", "-j", "1"],
 ])
 def test_html_option_on_analyze_simulate_and_sweep(command, tmp_path, capsys):
@@ -125,7 +131,7 @@ def test_html_option_on_analyze_simulate_and_sweep(command, tmp_path, capsys):
     assert run([command[0], str(TRACES / "multi_tenant.jsonl"), *command[1:], "--html", str(out)]) == 0
     assert f"report written to {out}" in " ".join(capsys.readouterr().out.split())
     page = out.read_text()
-    assert len(_embedded(page)) == len(CHARTS)
+    assert len(_embedded(page)) == len(CHARTS | LOAD_CHARTS)
     if command[0] == "simulate":      # the simulated capacity is the report's
         assert "at 6,000 tokens" in page
     if command[0] == "sweep":         # the sweep's settings are the capacity chart's series
@@ -137,6 +143,7 @@ def test_html_option_on_analyze_simulate_and_sweep(command, tmp_path, capsys):
     (["--capacity", "lots"], "--capacity: not a capacity"),
     (["--block-sizes", "16,x"], "--block-sizes"),
     (["--jobs", "0"], "--jobs"),
+    (["--speedup", "0"], "--speedup must be positive"),
     (["--calibration", "{missing}"], "no such file"),
     (["--gpu-results", "{trace}"], "not a readable gpu-validate result"),
 ])

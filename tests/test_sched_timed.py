@@ -149,3 +149,13 @@ def test_timestamps_to_steps():
         Releases.steps_from_seconds([1.0, float("nan")], 0.5)
     with pytest.raises(ConfigError):
         Releases.steps_from_seconds([1.0], 0.0)
+
+
+def test_step_seconds_is_the_roofline_of_flops_and_bytes():
+    """The per-step fast path gives max(FLOPs / peak, bytes / bandwidth) of flops() and bytes()."""
+    cost = step_cost("llama-3-8b", "H100-80GB")
+    rng = np.random.default_rng(1)
+    for size in (1, 3, 40):
+        new, ctx = rng.integers(1, 3000, size).tolist(), rng.integers(0, 9000, size).tolist()
+        expected = max(cost.flops(new, ctx) / 989.4e12, cost.bytes(new, ctx) / 3.35e12)
+        assert cost.seconds(new, ctx) == pytest.approx(expected, rel=1e-12)

@@ -14,7 +14,7 @@ REQUESTS, CLIENTS = 2000, 32
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve_load")
-    srv = start_kvsim(tmp, "--record", str(tmp / "record.jsonl"), "--capacity-tokens", "20000")
+    srv = start_kvsim(tmp, "--record", str(tmp / "record.jsonl"), "--capacity", "20000")
     srv.record = tmp / "record.jsonl"
     yield srv
     assert srv.stop() == 0

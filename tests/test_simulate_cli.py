@@ -12,7 +12,7 @@ DEMO = ROOT / "traces" / "multi_tenant.jsonl"
 
 def test_all_policies_side_by_side_with_json_and_per_request(tmp_path, capsys):
     js, pr = tmp_path / "s.json", tmp_path / "r.jsonl"
-    code = run(["simulate", str(DEMO), "--policy", "all", "--capacity-tokens", "5000", "--limit", "60",
+    code = run(["simulate", str(DEMO), "--policy", "all", "--capacity", "5000", "--limit", "60",
                 "--json", str(js), "--per-request", str(pr)])
     assert code == 0
     out = capsys.readouterr().out
@@ -37,15 +37,15 @@ def test_unlimited_capacity_is_the_default_and_said(capsys):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--capacity-tokens", "lots"], "capacity"),
-    (["--capacity-tokens", "-4"], "positive"),
+    (["--capacity", "lots"], "capacity"),
+    (["--capacity", "-4"], "positive"),
     (["--block-size", "0"], "block size"),
     (["--policy", "lfu"], "unknown policy"),
     (["--kv-cache-memory", "20GiB"], "--model"),
     (["--model", "gpt-9", "--gpu", "H100-80GB"], "unknown model"),
     (["--policy", "radix", "--finish", "eos"], "unknown finish"),
     (["--policy", "radix", "--radix-tree", "btree"], "unknown radix tree"),
-    (["--policy", "radix", "--eviction-policy", "random"], "unknown radix eviction policy"),
+    (["--policy", "radix", "--eviction", "random"], "unknown radix eviction policy"),
 ])
 def test_bad_configurations_exit_2_with_one_line(args, needle, capsys):
     assert run(["simulate", str(DEMO), "--limit", "5", *args]) == 2
@@ -68,10 +68,10 @@ def test_length_only_traces_are_refused_clearly(capsys):
 
 
 def test_radix_engine_flags_reach_the_model(tmp_path):
-    """--radix-tree/--disable-overlap-schedule/--eviction-policy are passed to the radix replay."""
+    """--radix-tree/--disable-overlap-schedule/--eviction are passed to the radix replay."""
     out = tmp_path / "s.json"
-    assert run(["simulate", str(DEMO), "--policy", "radix", "--capacity-tokens", "3000", "--limit", "80",
-                "--radix-tree", "classic", "--eviction-policy", "fifo", "--disable-overlap-schedule",
+    assert run(["simulate", str(DEMO), "--policy", "radix", "--capacity", "3000", "--limit", "80",
+                "--radix-tree", "classic", "--eviction", "fifo", "--disable-overlap-schedule",
                 "--json", str(out)]) == 0
     cfg = json.loads(out.read_text())["policies"]["radix"]["config"]
     assert cfg["eviction_policy"] == "fifo" and cfg["radix_tree"] == "classic" and cfg["overlap"] is False

@@ -57,6 +57,15 @@ def test_no_curve(log, capsys):
     (["-c", "1e5", "--executor", "dask"], "--executor"),
     (["-c", "1e5", "--jobs", "0"], "--jobs"),
     (["-c", "1e5", "-p", "apc,nope"], "unknown policy"),
+    (["-c", "1e5", "--replay", "later"], "unknown --replay"),
+    (["-c", "1e5", "--speedup", "2"], "need(s) --replay steps or --replay timed"),
+    (["-c", "1e5", "--replay", "timed"], "--replay timed needs --model and --gpu"),
+    (["-c", "1e5", "--replay", "steps"], "needs arrival_step on every request"),
+    (["-c", "1e5", "--replay", "steps", "--arrival-from", "timestamp"], "needs --step-seconds"),
+    (["-c", "1e5", "--replay", "steps", "--arrival-from", "timestamp", "--step-seconds", "1"],
+     "needs a timestamp on every request"),
+    (["-c", "1e5", "--replay", "steps", "--arrival-from", "timestamp", "--step-seconds", "0"], "--step-seconds"),
+    (["-c", "1e5", "--replay", "steps", "--speedup", "-1"], "--speedup must be positive"),
 ])
 def test_bad_options_exit_2_with_one_line(log, capsys, args, message):
     assert run(["sweep", str(log), "--tokenizer", "bytes", *args]) == 2
@@ -69,3 +78,36 @@ def test_outputs_never_overwrite_inputs(log, capsys):
     assert run(sweep_args(log, "--csv", str(log))) == 2
     assert "refusing to write over an input file" in capsys.readouterr().err
     assert log.read_text() == before
+
+
+def test_under_load_columns_are_the_scheduler_models(tmp_path, capsys):
+    """--replay timed adds, per row, the concurrent hit rate and TTFT percentiles of the scheduler
+    model at that row's capacity (the same numbers kvsim.sched.views gives directly)."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from kvsim import load_trace
+    from kvsim.replay.options import SimOptions
+    from kvsim.sched.step_cost import step_cost
+    from kvsim.replay.concurrent import ReplayMode
+    from kvsim.sched.views import concurrent_columns
+
+    demo = Path(__file__).resolve().parents[1] / "traces" / "demo_mixture.jsonl"
+    csv_path, json_path = tmp_path / "s.csv", tmp_path / "s.json"
+    assert run(["sweep", str(demo), "--limit", "40", "-c", "3000,inf", "-j", "1", "--replay", "timed",
+                "--model", "llama-3-8b", "--gpu", "H100-80GB", "--speedup", "3", "--csv", str(csv_path),
+                "--json", str(json_path)]) == 0
+    assert "under load" in capsys.readouterr().out
+    frame = pd.read_csv(csv_path, dtype={"capacity": str})
+    doc = json.loads(json_path.read_text())
+    assert doc["settings"]["replay"] == "timed" and doc["settings"]["speedup"] == 3
+    trace = load_trace(demo, limit=40)
+    mode, cost = ReplayMode("timed", speedup=3.0), step_cost("llama-3-8b", "H100-80GB")
+    for row in frame.to_dict(orient="records"):
+        cap = float(row["capacity"])
+        options = SimOptions(capacity_tokens=cap, gpu="H100-80GB")
+        direct = concurrent_columns(trace, options, row["policy"], mode, cost)
+        for key in ("concurrent_hit_rate", "concurrent_preemptions", "ttft_p50_s", "ttft_p90_s"):
+            assert row[key] == pytest.approx(direct[key]), key
+        assert 0 < row["ttft_p50_s"] <= row["ttft_p90_s"] and np.isfinite(row["concurrent_hit_rate"])

@@ -55,7 +55,7 @@ def _masked_hit_rate(result, trace, mask):
 
 def test_simulate_counts_only_the_measured_requests(tmp_path, capsys):
     js, pr = tmp_path / "s.json", tmp_path / "r.jsonl"
-    assert run(["simulate", str(DEMO), "--policy", "all", "--capacity-tokens", "6000", "--warmup", "40",
+    assert run(["simulate", str(DEMO), "--policy", "all", "--capacity", "6000", "--warmup", "40",
                 "--json", str(js), "--per-request", str(pr)]) == 0
     out = capsys.readouterr().out
     assert "Warm-up: the first 40 of 95 requests" in out
@@ -109,7 +109,7 @@ def test_analyze_bounds_count_only_the_measured_requests(tmp_path):
 
 def test_report_says_so_and_uses_the_window(tmp_path):
     out = tmp_path / "r.html"
-    assert run(["report", str(DEMO), "--capacity-tokens", "6000", "--warmup", "0.5", "-o", str(out),
+    assert run(["report", str(DEMO), "--capacity", "6000", "--warmup", "0.5", "-o", str(out),
                 "-j", "1"]) == 0
     page = out.read_text(encoding="utf-8")
     assert "the first 47 of 95 requests (49%) only warm the cache" in page

@@ -124,7 +124,10 @@ def analyze(trace: Trace, options: AnalyzeOptions | None = None) -> AnalysisRepo
             report.bound)
         tick(1)
         kv_bytes = _kv_bytes(opts.model)
-        report.reuse_distance = reuse_distances(main, trace.num_prompt_tokens, trace.meta.hash_block_size, kv_bytes)
+        from kvsim.warmup import as_fraction
+
+        report.reuse_distance = reuse_distances(trace, main.block, trace.meta.hash_block_size,
+                                                as_fraction(len(trace), opts.warmup), kv_bytes)
         if kv_bytes is not None:
             report.settings["kv_bytes_per_token"] = kv_bytes
         tick(2)
@@ -163,8 +166,8 @@ def _counter(n: int, warmup: Any, report: AnalysisReport) -> Callable[[np.ndarra
         return lambda a: a
     mask = measured_mask(n, w)
     report.settings["warmup"] = w.as_dict(n)
-    report.notes.append(f"warm-up: {w.describe(n)} in the bounds, the divergence histogram and the isolation "
-                        "costs; the other sections cover the whole log")
+    report.notes.append(f"warm-up: {w.describe(n)} in the bounds, the divergence histogram, the isolation "
+                        "costs and the capacity for a share of the bound; the other sections cover the whole log")
     return lambda a: a[mask]
 
 

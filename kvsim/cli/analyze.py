@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from kvsim.cli.app import app, console
+from kvsim.cli.options import ANALYZE_DEFAULT, INPUT_DEFAULT, BlockSizesOpt, TopOpt
 from kvsim.cli.options import (
     FormatOpt,
     LimitOpt,
@@ -34,15 +35,14 @@ def analyze(
     model: Annotated[Optional[str], typer.Option(
         "--model", help="Model shape (llama-3-8b, qwen2.5-72b, deepseek-v3, ...) or a HF config.json path: "
         "cache capacities in GiB.", show_default=False)] = None,
-    block_sizes: Annotated[str, typer.Option("--block-sizes", help="Block sizes of the sensitivity table.")]
-    = "16,32,64,128,256,512",
-    top: Annotated[int, typer.Option("--top", help="Shared prefixes and divergence sites listed.")] = 10,
+    block_sizes: BlockSizesOpt = ANALYZE_DEFAULT["block_sizes"],
+    top: TopOpt = ANALYZE_DEFAULT["top"],
     warmup: WarmupOpt = None,
-    fmt: FormatOpt = "auto",
-    tokenizer: TokenizerOpt = "cl100k_base",
-    chat_template: TemplateOpt = "llama3",
-    trace_block_size: TraceBlockOpt = 512,
-    on_error: OnErrorOpt = "fail",
+    fmt: FormatOpt = INPUT_DEFAULT["format"],
+    tokenizer: TokenizerOpt = INPUT_DEFAULT["tokenizer"],
+    chat_template: TemplateOpt = INPUT_DEFAULT["chat_template"],
+    trace_block_size: TraceBlockOpt = INPUT_DEFAULT["trace_block_size"],
+    on_error: OnErrorOpt = INPUT_DEFAULT["on_error"],
     limit: LimitOpt = None,
 ) -> None:
     """How much of this workload could any prefix cache reuse, where is reuse lost, and what would fix it.

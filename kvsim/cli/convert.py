@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from kvsim.cli.app import app, console
+from kvsim.cli.options import INPUT_DEFAULT
 from kvsim.cli.options import (FormatOpt, LimitOpt, LogPaths, OnErrorOpt, TemplateOpt, TokenizerOpt,
                                TraceBlockOpt, load_from_cli)
 
@@ -18,11 +19,11 @@ def convert(
         "--output", "-o", help="trace.parquet (one row per request), or .jsonl / .jsonl.gz (the tokens "
         "format). Token ids, lengths, names and ids; no text.", show_default=False)],
     force: Annotated[bool, typer.Option("--force", help="Overwrite the output file if it exists.")] = False,
-    fmt: FormatOpt = "auto",
-    tokenizer: TokenizerOpt = "cl100k_base",
-    chat_template: TemplateOpt = "llama3",
-    trace_block_size: TraceBlockOpt = 512,
-    on_error: OnErrorOpt = "fail",
+    fmt: FormatOpt = INPUT_DEFAULT["format"],
+    tokenizer: TokenizerOpt = INPUT_DEFAULT["tokenizer"],
+    chat_template: TemplateOpt = INPUT_DEFAULT["chat_template"],
+    trace_block_size: TraceBlockOpt = INPUT_DEFAULT["trace_block_size"],
+    on_error: OnErrorOpt = INPUT_DEFAULT["on_error"],
     limit: LimitOpt = None,
 ) -> None:
     """Read logs and write them as one trace: Parquet for pandas, DuckDB or Spark, read back by

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from kvsim.cli.app import app, console, err_console
+from kvsim.cli.options import INPUT_DEFAULT
 from kvsim.cli.options import (
     DEFAULT,
     BlockSizeOpt,
@@ -67,11 +68,11 @@ def gpu_validate(
         "use it with kvsim simulate --calibration.", rich_help_panel=_OUT, show_default=False)] = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Skip the HTML/PNG report.",
                                             rich_help_panel=_OUT)] = False,
-    fmt: FormatOpt = "auto",
-    tokenizer: TokenizerOpt = "cl100k_base",
-    chat_template: TemplateOpt = "llama3",
-    trace_block_size: TraceBlockOpt = 512,
-    on_error: OnErrorOpt = "fail",
+    fmt: FormatOpt = INPUT_DEFAULT["format"],
+    tokenizer: TokenizerOpt = INPUT_DEFAULT["tokenizer"],
+    chat_template: TemplateOpt = INPUT_DEFAULT["chat_template"],
+    trace_block_size: TraceBlockOpt = INPUT_DEFAULT["trace_block_size"],
+    on_error: OnErrorOpt = INPUT_DEFAULT["on_error"],
 ) -> None:
     """Check the simulator on a real prefill: reuse equals recomputation, and the time it saves.
 
@@ -84,7 +85,7 @@ def gpu_validate(
     from kvsim.cli.options import load_from_cli
     from kvsim.cli.options import parse_capacity_tokens
     from kvsim.errors import ConfigError, KvsimError
-    from kvsim.outputs import check_output_path
+    from kvsim.outputs import check_output_path, make_dir
     from kvsim.replay.options import SimOptions
 
     _need("torch")
@@ -99,7 +100,7 @@ def gpu_validate(
                      page_size=page_size)
     if out.exists() and not out.is_dir():
         raise KvsimError(f"{out}: exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out)
     calib_path = calibration_out or out / "calibration.json"
     results_path = out / "gpu_validate.json"
     for path in (calib_path, results_path):

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from kvsim.cli.app import app, console
+from kvsim.cli.options import INPUT_DEFAULT
 from kvsim.cli.options import (FormatOpt, LimitOpt, LogPaths, OnErrorOpt, TemplateOpt, TokenizerOpt,
                                TraceBlockOpt, load_from_cli)
 
@@ -14,11 +15,11 @@ from kvsim.cli.options import (FormatOpt, LimitOpt, LogPaths, OnErrorOpt, Templa
 @app.command()
 def inspect(
     logs: LogPaths,
-    fmt: FormatOpt = "auto",
-    tokenizer: TokenizerOpt = "cl100k_base",
-    chat_template: TemplateOpt = "llama3",
-    trace_block_size: TraceBlockOpt = 512,
-    on_error: OnErrorOpt = "fail",
+    fmt: FormatOpt = INPUT_DEFAULT["format"],
+    tokenizer: TokenizerOpt = INPUT_DEFAULT["tokenizer"],
+    chat_template: TemplateOpt = INPUT_DEFAULT["chat_template"],
+    trace_block_size: TraceBlockOpt = INPUT_DEFAULT["trace_block_size"],
+    on_error: OnErrorOpt = INPUT_DEFAULT["on_error"],
     limit: LimitOpt = None,
     export: Annotated[Optional[Path], typer.Option(
         "--export", help="Write the trace as pre-tokenized JSONL (.jsonl or .jsonl.gz): token ids, "

@@ -46,19 +46,29 @@ WarmupOpt = Annotated[
     typer.Option("--warmup", help="Warm-up window: the first FRACTION (0.5, 50%) or N requests fill the cache but "
                  "are left out of every count.", show_default=False),
 ]
+#: analyze's and report's shared settings (kvsim.analyze.options' own defaults; a test checks they agree)
+ANALYZE_DEFAULT = {"block_sizes": "16,32,64,128,256,512", "top": 10}
+BlockSizesOpt = Annotated[str, typer.Option("--block-sizes", help="Block (and page) sizes of the block-size "
+                                            "table and chart.", rich_help_panel="Engine settings")]
+TopOpt = Annotated[int, typer.Option("--top", help="Shared prefixes and divergence sites listed.")]
 ShowTextOpt = Annotated[
     bool,
     typer.Option("--show-text", help="Include raw prompt text in output (off by default: logs are sensitive)."),
 ]
 
 
+#: the defaults of the input options (kvsim.io.load.load_trace's own; a test checks they agree)
+INPUT_DEFAULT = {"format": "auto", "tokenizer": "cl100k_base", "chat_template": "llama3", "trace_block_size": 512,
+                 "on_error": "fail"}
+
+
 def load_from_cli(
     paths: list[Path],
-    fmt: str = "auto",
-    tokenizer: str = "cl100k_base",
-    chat_template: str = "llama3",
-    trace_block_size: int = 512,
-    on_error: str = "fail",
+    fmt: str = INPUT_DEFAULT["format"],
+    tokenizer: str = INPUT_DEFAULT["tokenizer"],
+    chat_template: str = INPUT_DEFAULT["chat_template"],
+    trace_block_size: int = INPUT_DEFAULT["trace_block_size"],
+    on_error: str = INPUT_DEFAULT["on_error"],
     limit: int | None = None,
 ):
     """Load a trace with the CLI's options and a progress bar.

@@ -7,13 +7,17 @@ from typing import Annotated, Any, Optional
 import typer
 
 from kvsim.cli.app import app, console, err_console
+from kvsim.cli.replay_options import SpeedupOpt
+from kvsim.cli.options import ANALYZE_DEFAULT, INPUT_DEFAULT, BlockSizesOpt, TopOpt
 from kvsim.cli.options import (DEFAULT, BlockSizeOpt, CapacityOpt, EngineVersionOpt, EvictionOpt, FormatOpt,
                                GpuOpt, GpuUtilOpt, KvCacheMemoryOpt, LimitOpt, LogPaths, MaxTotalTokensOpt,
                                MemFractionOpt, ModelOpt, NumGpuBlocksOpt, OnErrorOpt, PageSizeOpt, ShowTextOpt,
                                TemplateOpt, TokenizerOpt, TraceBlockOpt, WarmupOpt, load_from_cli, sim_options)
 
-_ENG = "Engine settings"
 _OUT = "Output"
+ConcurrentOpt = Annotated[bool, typer.Option(
+    "--concurrent/--no-concurrent", help="The Under load section: the log replayed as it arrived (timed, with "
+    "and without prefix caching), where it has timestamps.", rich_help_panel="Concurrent replay (--replay steps|timed)")]
 
 
 def html_report(html: Path, trace: Any, logs: list[Path], options: Any = None, png_dir: Path | None = None,
@@ -55,12 +59,12 @@ def report(
     page_size: PageSizeOpt = DEFAULT["page_size"],
     eviction: EvictionOpt = DEFAULT["eviction_policy"],
     engine_version: EngineVersionOpt = None,
-    block_sizes: Annotated[str, typer.Option("--block-sizes", help="Block and page sizes of the block-size chart.",
-                                             rich_help_panel=_ENG)] = "16,32,64,128,256,512",
-    top: Annotated[int, typer.Option("--top", help="Shared prefixes and divergence sites listed.")] = 10,
+    block_sizes: BlockSizesOpt = ANALYZE_DEFAULT["block_sizes"],
+    top: TopOpt = ANALYZE_DEFAULT["top"],
     show_text: ShowTextOpt = False,
     calibration: Annotated[Optional[Path], typer.Option(
-        "--calibration", help="gpu-validate calibration JSON: estimate the prefill GPU time saved.",
+        "--calibration", help="gpu-validate calibration JSON: estimate the prefill GPU time saved (and the step "
+        "cost of the Under load section).",
         rich_help_panel=_OUT, show_default=False)] = None,
     gpu_results: Annotated[Optional[Path], typer.Option(
         "--gpu-results", help="gpu-validate result JSON (gpu_validate.json): add the GPU validation section.",
@@ -69,11 +73,13 @@ def report(
         "--jobs", "-j", help="Parallel replays (default: 1 below 2M prompt tokens, else all CPUs).",
         show_default=False)] = None,
     warmup: WarmupOpt = None,
-    fmt: FormatOpt = "auto",
-    tokenizer: TokenizerOpt = "cl100k_base",
-    chat_template: TemplateOpt = "llama3",
-    trace_block_size: TraceBlockOpt = 512,
-    on_error: OnErrorOpt = "fail",
+    concurrent: ConcurrentOpt = True,
+    speedup: SpeedupOpt = 1.0,
+    fmt: FormatOpt = INPUT_DEFAULT["format"],
+    tokenizer: TokenizerOpt = INPUT_DEFAULT["tokenizer"],
+    chat_template: TemplateOpt = INPUT_DEFAULT["chat_template"],
+    trace_block_size: TraceBlockOpt = INPUT_DEFAULT["trace_block_size"],
+    on_error: OnErrorOpt = INPUT_DEFAULT["on_error"],
     limit: LimitOpt = None,
 ) -> None:
     """Write an HTML report (plus PNG charts) of a prompt log: what a prefix cache would save.
@@ -83,8 +89,12 @@ def report(
     vs capacity and vs block size, the cached share per request, where requests stop sharing
     and which volatile content breaks it, the top shared prefixes as an icicle of the prefix
     tree, per-tenant and per-adapter hit rates with the cost of isolation, and the
-    recommendation of [bold]kvsim analyze[/]. Without a capacity option the report uses the
-    KV needed for 90% of the upper bound. No prompt text unless --show-text.
+    recommendation of [bold]kvsim analyze[/]. Where the log has timestamps, the "Under load"
+    section replays it as it arrived through the vLLM and SGLang scheduler models (hit rate
+    sequential vs concurrent, TTFT with and without prefix caching, radix lpm vs fcfs; step
+    cost: the roofline of --model on --gpu, llama-3-8b on H100-80GB by default, or
+    --calibration). Without a capacity option the report uses the KV needed for 90% of the
+    upper bound. No prompt text unless --show-text.
 
     A record of [bold]kvsim serve --upstream[/] gets the agreement report instead: kvsim's
     predicted cached_tokens vs the server's, per request (--format tokens for the HTML page).
@@ -118,13 +128,14 @@ def report(
         load_validation(gpu_results)  # a bad file fails before the log is read
     check_output_path(output, logs)
     options = ReportOptions(sim=sim, block_sizes=parse_block_sizes(block_sizes), top=top, show_text=show_text,
-                            model=model, calibration=calib, gpu_results=gpu_results, jobs=jobs, warmup=window)
+                            model=model, calibration=calib, gpu_results=gpu_results, jobs=jobs, warmup=window,
+                            concurrent=concurrent, speedup=speedup)
     trace = load_from_cli(logs, fmt, tokenizer, chat_template, trace_block_size, on_error, limit)
     html_report(output, trace, logs, options, png_dir=png_dir)
 
 
 def sweep_report_options(block_size: str, page_size: str, eviction: str, engine_version: str | None,
-                         model: str | None, jobs: int | None, warmup: Any = None) -> Any:
+                         model: str | None, jobs: int | None, warmup: Any = None, speedup: float = 1.0) -> Any:
     """The report settings of ``kvsim sweep --html``: the first block size, page size and
     eviction policy of the grid are the report's engine settings."""
     from kvsim.replay.options import SimOptions
@@ -134,4 +145,4 @@ def sweep_report_options(block_size: str, page_size: str, eviction: str, engine_
     sim = SimOptions(block_size=parse_ints(block_size, "--block-size")[0],
                      page_size=parse_ints(page_size, "--page-size")[0],
                      eviction_policy=parse_eviction_policies(eviction)[0], engine_version=engine_version)
-    return ReportOptions(sim=sim, model=model, jobs=jobs, warmup=warmup)
+    return ReportOptions(sim=sim, model=model, jobs=jobs, warmup=warmup, speedup=speedup)

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from kvsim.cli.app import app, console
+from kvsim.cli.options import INPUT_DEFAULT
 from kvsim.cli.replay_options import (AsyncSchedulingOpt, CalibrationOpt, LongPrefillOpt, MaxNumBatchedTokensOpt,
                                       MaxNumSeqsOpt, MaxPrefillTokensOpt, MaxRunningRequestsOpt, RandomSeedOpt,
                                       SchedulePolicyOpt, SchedulingPolicyOpt, ServeReplayOpt, replay_mode)
@@ -65,8 +66,8 @@ def serve(
         rich_help_panel=_RAD)] = DEFAULT["radix_eviction_amount"],
     finish: Annotated[str, typer.Option("--finish", help="How synthetic replies end: length (at max_tokens) or "
                                         "stop (with the template's end-of-turn token).")] = "length",
-    tokenizer: TokenizerOpt = "cl100k_base",
-    chat_template: TemplateOpt = "llama3",
+    tokenizer: TokenizerOpt = INPUT_DEFAULT["tokenizer"],
+    chat_template: TemplateOpt = INPUT_DEFAULT["chat_template"],
     host: Annotated[str, typer.Option("--host", help="Address to listen on (loopback only by default).",
                                       rich_help_panel=_SRV)] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port (0: any free port, printed at start).",

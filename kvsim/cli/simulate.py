@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from kvsim.cli.app import app, console
+from kvsim.cli.options import INPUT_DEFAULT
 from kvsim.cli.options import (DEFAULT, BlockSizeOpt, CapacityOpt, EngineVersionOpt, EvictionOpt, FormatOpt,
                                GpuOpt, GpuUtilOpt, KvCacheMemoryOpt, LimitOpt, LogPaths, MaxTotalTokensOpt,
                                MemFractionOpt, ModelOpt, NumGpuBlocksOpt, OnErrorOpt, PageSizeOpt, PolicyOpt,
@@ -85,11 +86,11 @@ def simulate(
         "--html", help="Also write the HTML report at this capacity (PNGs next to it), as kvsim report.",
         rich_help_panel=_OUT, show_default=False)] = None,
     warmup: WarmupOpt = None,
-    fmt: FormatOpt = "auto",
-    tokenizer: TokenizerOpt = "cl100k_base",
-    chat_template: TemplateOpt = "llama3",
-    trace_block_size: TraceBlockOpt = 512,
-    on_error: OnErrorOpt = "fail",
+    fmt: FormatOpt = INPUT_DEFAULT["format"],
+    tokenizer: TokenizerOpt = INPUT_DEFAULT["tokenizer"],
+    chat_template: TemplateOpt = INPUT_DEFAULT["chat_template"],
+    trace_block_size: TraceBlockOpt = INPUT_DEFAULT["trace_block_size"],
+    on_error: OnErrorOpt = INPUT_DEFAULT["on_error"],
     limit: LimitOpt = None,
 ) -> None:
     """Replay a prompt log through faithful models of vLLM APC and SGLang RadixAttention.

@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from kvsim.cli.app import app, console
+from kvsim.cli.replay_options import ArrivalFromOpt, ArrivalsOpt, ReplayOpt, SpeedupOpt, StepSecondsOpt
+from kvsim.cli.options import INPUT_DEFAULT
 from kvsim.cli.options import (
     DEFAULT,
     BlockSizeListOpt,
@@ -14,6 +16,7 @@ from kvsim.cli.options import (
     EngineVersionOpt,
     EvictionListOpt,
     FormatOpt,
+    GpuOpt,
     LimitOpt,
     LogPaths,
     ModelOpt,
@@ -61,11 +64,20 @@ def sweep(
         "--html", help="Also write the HTML report with this sweep's curves (PNGs next to it), as kvsim report.",
         rich_help_panel=_OUT, show_default=False)] = None,
     warmup: WarmupOpt = None,
-    fmt: FormatOpt = "auto",
-    tokenizer: TokenizerOpt = "cl100k_base",
-    chat_template: TemplateOpt = "llama3",
-    trace_block_size: TraceBlockOpt = 512,
-    on_error: OnErrorOpt = "fail",
+    replay_mode: ReplayOpt = "sequential",
+    arrival_from: ArrivalFromOpt = None,
+    step_seconds: StepSecondsOpt = None,
+    speedup: SpeedupOpt = 1.0,
+    arrivals: ArrivalsOpt = "logged",
+    gpu: GpuOpt = None,
+    calibration: Annotated[Optional[Path], typer.Option(
+        "--calibration", help="--replay timed: a gpu-validate calibration JSON as the step cost.",
+        rich_help_panel="Concurrent replay (--replay steps|timed)", show_default=False)] = None,
+    fmt: FormatOpt = INPUT_DEFAULT["format"],
+    tokenizer: TokenizerOpt = INPUT_DEFAULT["tokenizer"],
+    chat_template: TemplateOpt = INPUT_DEFAULT["chat_template"],
+    trace_block_size: TraceBlockOpt = INPUT_DEFAULT["trace_block_size"],
+    on_error: OnErrorOpt = INPUT_DEFAULT["on_error"],
     limit: LimitOpt = None,
 ) -> None:
     """Replay a log at every combination of capacity, block/page size and policy.
@@ -75,7 +87,10 @@ def sweep(
     tokens / prompt tokens of admitted requests. With --curve, a one-pass stack-distance model
     gives the whole hit-rate-vs-capacity curve of each LRU-like setting; its error against the
     exact replays is shown per row. Every row also shows the optimum: the most any cache of that
-    size could hit, knowing the future, under the engine's rules.
+    size could hit, knowing the future, under the engine's rules. With --replay steps or timed,
+    each row is also replayed as the log arrived through the engine's scheduler model (vLLM
+    0.33.0, SGLang 0.5.23) at the same capacity: its hit rate under load, preemptions, and with
+    timed the TTFT p50/p90 (step cost: --model on --gpu, or --calibration).
     """
     from kvsim.errors import ConfigError
     from kvsim.outputs import check_output_path
@@ -98,6 +113,8 @@ def sweep(
         raise ConfigError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     if curve_points < 2:
         raise ConfigError(f"--curve-points must be at least 2, got {curve_points}")
+    under_load = _under_load(replay_mode, arrival_from, step_seconds, arrivals, speedup, model, gpu, calibration,
+                             engine_version)
     runner = make_executor(executor, jobs)
     for out in (csv_out, json_out, html):
         if out is not None:
@@ -110,10 +127,16 @@ def sweep(
     from kvsim.sweep.run import sweep_json
 
     trace = load_from_cli(logs, fmt, tokenizer, chat_template, trace_block_size, on_error, limit)
+    if under_load is not None:
+        from kvsim.replay.concurrent import releases_for
+
+        releases_for(trace, under_load[0])     # a log without the arrivals asked for: one line, exit 2
     options = {} if engine_version is None else {"engine_version": engine_version}
+    if gpu is not None:
+        options["gpu"] = gpu
     result = run(trace, names, capacity, block_size, page_size, eviction, model=model, jobs=jobs,
                  executor=runner, curves=curve, curve_points=curve_points, progress=True, warmup=window,
-                 **options)
+                 concurrent=under_load, **options)
     render_sweep(console, result)
     if csv_out is not None:
         from kvsim.outputs import write_text_atomic
@@ -126,10 +149,39 @@ def sweep(
         settings = {"policy": names, "capacity": capacity, "block_size": block_size, "page_size": page_size,
                     "eviction_policy": eviction, "model": model, "engine_version": engine_version,
                     "executor": executor, "jobs": jobs, "warmup": warmup}
+        if under_load is not None:    # (a sequential sweep's JSON stays as it was)
+            from kvsim.sched.views import describe
+
+            mode, cost = under_load
+            settings.update({"replay": replay_mode, "gpu": gpu, "arrival_from": mode.arrival_from,
+                             "step_seconds": step_seconds, "speedup": speedup, "arrivals": arrivals,
+                             "under_load": describe(mode, cost)})
         write_json(json_out, sweep_json(trace, result, settings))
         console.print(f"sweep written to {json_out}")
     if html is not None:
         from kvsim.cli.report import html_report, sweep_report_options
 
         html_report(html, trace, logs, sweep_report_options(block_size, page_size, eviction, engine_version,
-                                                            model, jobs, window), sweep_result=result)
+                                                            model, jobs, window, speedup), sweep_result=result)
+
+
+def _under_load(replay_mode: str, arrival_from: str | None, step_seconds: float | None, arrivals: str,
+                speedup: float, model: str | None, gpu: str | None, calibration: Path | None,
+                engine_version: str | None):
+    """(ReplayMode, step cost) of the concurrent replay the options ask for, or None for
+    --replay sequential; bad options fail here, as kvsim simulate's."""
+    from kvsim.cli.replay_options import replay_mode as mode_of
+    from kvsim.errors import ConfigError
+
+    mode = mode_of(replay_mode, arrival_from, step_seconds, arrivals, speedup, calibration, {}, {})
+    if mode is None:
+        return None
+    if engine_version is not None and not str(engine_version).startswith("0.33"):
+        raise ConfigError("--replay steps|timed models vLLM 0.33.0's scheduler; --engine-version applies "
+                          "to --replay sequential only")
+    cost = None
+    if mode.mode == "timed":
+        from kvsim.sched.step_cost import step_cost
+
+        cost = step_cost(model, gpu, mode.calibration)
+    return mode, cost

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -116,19 +115,11 @@ def write_parquet(trace: Trace, path: str | Path) -> int:
     """Write ``trace`` to ``path`` (via a temporary file renamed into place); returns rows."""
     import pyarrow.parquet as pq
 
-    path = Path(path)
+    from kvsim.outputs import atomic_path
+
     table = trace_table(trace)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp, compression="zstd")
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(Path(path)) as tmp:
+        pq.write_table(table, str(tmp), compression="zstd")
     return len(trace)
 
 

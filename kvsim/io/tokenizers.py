@@ -356,21 +356,20 @@ def _recent_failure(name: str) -> str | None:
 
 
 def _remember_failure(name: str, problem: str) -> None:
+    from kvsim.errors import KvsimError
+    from kvsim.outputs import make_dir, write_bytes_atomic
+
     path = _failures_file()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_dir(path.parent, private=True)
         try:
             seen = json.loads(path.read_text())
         except (OSError, ValueError):
             seen = {}
         seen = seen if isinstance(seen, dict) else {}
         seen[name] = {"at": time.time(), "problem": problem}
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the user's only, like the cache
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(seen))
-        os.replace(tmp, path)
-    except OSError:
+        write_bytes_atomic(path, json.dumps(seen).encode(), private=True)  # the user's only, like the cache
+    except (OSError, KvsimError):
         pass
 
 

@@ -23,12 +23,14 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
+
+from kvsim.errors import KvsimError
+from kvsim.outputs import atomic_file, make_dir, write_bytes_atomic
 
 if TYPE_CHECKING:
     from kvsim.io.trace import Trace
@@ -207,15 +209,14 @@ class PendingStore:
         key = entry_key(self.sources, self.options)
         try:
             folder = _private_folder()
-            with _private_temp(folder, f"{key}.trace") as (f, tmp):
+            with atomic_file(folder / f"{key}.trace", compress=False, private=True) as f:
                 size = write_trace_file(trace, f)
-            os.replace(tmp, folder / f"{key}.trace")
             entry = {"sources": [asdict(s) for s in self.stamps], "options": self.options, "bytes": size,
                      "requests": len(trace), "prompt_tokens": trace.num_prompt_tokens,
                      "created_ns": time.time_ns()}
             _write_private(folder / f"{key}.json", json.dumps(entry).encode())
             prune(int(os.environ.get(ENV_MAX, DEFAULT_MAX_BYTES)))
-        except OSError:
+        except (OSError, KvsimError):
             return False
         return True
 
@@ -283,30 +284,8 @@ def prune(max_bytes: int) -> None:
 
 
 def _private_folder() -> Path:
-    folder = traces_dir()
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(folder, 0o700)
-    return folder
-
-
-class _private_temp:
-    """A temporary file (mode 0600) beside its final name; removed unless renamed."""
-
-    def __init__(self, folder: Path, name: str) -> None:
-        self.fd, self.tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
-
-    def __enter__(self):
-        os.fchmod(self.fd, 0o600)
-        self.f = os.fdopen(self.fd, "wb")
-        return self.f, self.tmp
-
-    def __exit__(self, kind, value, tb) -> None:
-        self.f.close()
-        if kind is not None and os.path.exists(self.tmp):
-            os.unlink(self.tmp)
+    return make_dir(traces_dir(), private=True)
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    with _private_temp(path.parent, path.name) as (f, tmp):
-        f.write(data)
-    os.replace(tmp, path)
+    write_bytes_atomic(path, data, private=True)

@@ -4,8 +4,8 @@ An LRU stack is kept as the set of *live slots*: every access (or push) takes th
 slot number and frees the slot of its previous access, so the entries above a live slot
 are the live slots after it. The live slots are a bitset; a Fenwick tree counts them per
 64-slot word (64 times smaller than the slot range, so it stays in cache): marking and
-counting are O(log n). The sweep's capacity curves (:mod:`kvsim.sweep.stack`) and the
-analyzer's reuse distances (:func:`stack_distances`) both count depths this way.
+counting are O(log n). The one stack pass (:mod:`kvsim.sweep.stack`) counts depths this
+way; its curves give the sweep, the report and ``kvsim analyze`` their capacities.
 """
 from __future__ import annotations
 
@@ -64,29 +64,3 @@ def live_upto(bits, tree, s):
     sh = np.uint64(s & 63)
     word = bits[w] & ((np.uint64(2) << sh) - np.uint64(1)) if sh < np.uint64(63) else bits[w]
     return _fen_prefix(tree, w) + _popcount(word)
-
-
-@njit(cache=True)
-def stack_distances(ids, num_ids):
-    """LRU stack distance of every access in ``ids`` (dense ids below ``num_ids``).
-
-    dist[t] = number of distinct ids accessed strictly between the previous access of
-    ids[t] and t; -1 for a first access.
-    """
-    m = len(ids)
-    bits = np.zeros((m >> 6) + 1, np.uint64)          # live slots: the latest access of each id
-    tree = np.zeros((m >> 6) + 2, np.int32)
-    last = np.full(num_ids, -1, np.int64)
-    dist = np.full(m, -1, np.int64)
-    live = 0
-    for t in range(m):
-        x = ids[t]
-        p = last[x]
-        if p >= 0:
-            dist[t] = live - live_upto(bits, tree, p)   # live slots after p: the ids seen since
-            clear_live(bits, tree, p)
-            live -= 1
-        set_live(bits, tree, t)
-        live += 1
-        last[x] = t
-    return dist

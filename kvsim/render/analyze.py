@@ -276,10 +276,11 @@ def _reuse_distance(d: dict[str, Any]) -> Group | None:
     if not rd:
         return None
     model = d["settings"].get("model")
-    t = _table("LRU cache capacity for a share of the upper bound (from block reuse distances)",
+    t = _table("KV capacity for a share of the upper bound (one-pass APC curve)",
                "block", "unit", "50%", "80%", "90%", "99%", right_from=2)
     if not any(r["capacity"] for r in rd):
-        return Group(Text("LRU cache capacity", style="bold"), Text("  no block is ever reused", style="dim"))
+        return Group(Text("KV capacity for a share of the upper bound", style="bold"),
+                     Text("  no block is ever reused", style="dim"))
     for r in rd:
         caps = {c["share_of_bound"]: c for c in r["capacity"]}
         t.add_row(str(r["block_size"]), "tokens", *(human(caps[x]["tokens"]) if x in caps else "-"
@@ -288,17 +289,17 @@ def _reuse_distance(d: dict[str, Any]) -> Group | None:
             t.add_row("", "GiB", *(f"{caps[x]['gib']:.1f}" if x in caps else "-" for x in (50, 80, 90, 99)))
     lines = []
     for r in rd:
-        dist = r.get("distance_tokens") or {}
-        if dist:
-            lines.append(f"  block {r['block_size']}: reuse distance (distinct tokens between two uses) p10 "
-                         f"{human(dist['p10'])}, p50 {human(dist['p50'])}, p90 {human(dist['p90'])}, "
-                         f"p99 {human(dist['p99'])}")
+        need = r.get("need_tokens") or {}
+        if need:
+            lines.append(f"  block {r['block_size']}: capacity each cached token needs p10 "
+                         f"{human(need['p10'])}, p50 {human(need['p50'])}, p90 {human(need['p90'])}, "
+                         f"p99 {human(need['p99'])}")
     curve = rd[-1].get("curve") or []
     if curve:
-        lines.append(f"  LRU hit share of prompt tokens by capacity (block {rd[-1]['block_size']}): "
-                     + ", ".join(f"{human(c['capacity_tokens'])} {pct(c['hit_share'])}" for c in curve))
+        lines.append(f"  APC hit rate by capacity (block {rd[-1]['block_size']}): "
+                     + ", ".join(f"{human(c['capacity_tokens'])} {pct(c['hit_rate'])}" for c in curve))
     lines.append("  " + (f"GiB for {model}" if model else "add --model for GiB") +
-                 "; a block-level LRU estimate: check a capacity with kvsim simulate")
+                 "; the same figure as kvsim report's; check a capacity with kvsim simulate")
     return Group(t, Text("\n".join(lines), style="dim"))
 
 

@@ -21,6 +21,17 @@ def _rate(value: Any) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2%}"
 
 
+LOAD_HEADERS = {"concurrent_hit_rate": "under load", "ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90"}
+
+
+def _load_cell(name: str, value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if name == "concurrent_hit_rate":
+        return _rate(value)
+    return f"{value * 1e3:,.1f} ms"
+
+
 def _setting(row: dict[str, Any]) -> str:
     if row["policy"] == "apc":
         return f"apc b{row['block_size']}"
@@ -39,6 +50,9 @@ def render_sweep(console: Console, result: SweepResult) -> None:
         title += "; 1-pass = one-pass curve, error = |1-pass - hit|"
     if has_opt:
         title += "; optimal = the most any cache of that size could hit (docs/optimal.md)"
+    load = [c for c in LOAD_HEADERS if c in frame.columns]   # preemptions: in the CSV and JSON
+    if load:
+        title += "; under load = hit rate of the scheduler model replaying the log as it arrived"
     table = Table(title=title, title_justify="left")
     table.add_column("policy", no_wrap=True)
     for name in ("cap", "usable", "hit"):
@@ -48,6 +62,8 @@ def render_sweep(console: Console, result: SweepResult) -> None:
     if has_curve:
         table.add_column("1-pass", justify="right", no_wrap=True)
         table.add_column("error", justify="right", no_wrap=True)
+    for name in load:
+        table.add_column(LOAD_HEADERS[name], justify="right", no_wrap=True)
     table.add_column("rej", justify="right", no_wrap=True)
     table.add_column("s", justify="right", no_wrap=True)
     for row in frame.to_dict(orient="records"):
@@ -58,6 +74,7 @@ def render_sweep(console: Console, result: SweepResult) -> None:
         if has_curve:
             est, err = row.get("curve_hit_rate"), row.get("curve_abs_error")
             cells += [_rate(est), "-" if err is None or math.isnan(err) else f"{err:.4f}"]
+        cells += [_load_cell(name, row.get(name)) for name in load]
         cells += [f"{int(row['rejected']):,}", f"{row['replay_seconds']:.2f}"]
         table.add_row(*cells)
     console.print(table)

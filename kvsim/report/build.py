@@ -23,6 +23,7 @@ from kvsim.replay.options import SimOptions
 from kvsim.report import figures as F
 from kvsim.report import text as T
 from kvsim.report.document import Chart, KeyNumber, ReportData, Section, Table
+from kvsim.sweep.curves import capacity_for_share
 
 Say = Callable[[str], None]
 POLICIES = ("apc", "radix")
@@ -55,10 +56,14 @@ class ReportOptions:
     title: str | None = None
     command: str | None = None               # the command line, shown in the notes
     warmup: Any = None                       # kvsim.warmup: first requests fill the cache, are not counted
+    concurrent: bool = True                  # the "Under load" section (kvsim.report.concurrent)
+    speedup: float = 1.0                     # its arrivals, this many times faster than logged
 
     def __post_init__(self) -> None:
         if not 0 < self.target_share < 1:
             raise ConfigError(f"target share must be in (0, 1), got {self.target_share!r}")
+        if not self.speedup > 0:
+            raise ConfigError(f"--speedup must be positive, got {self.speedup!r}")
         self.block_sizes = tuple(sorted({int(b) for b in self.block_sizes}))
         if not self.block_sizes or self.block_sizes[0] < 1:
             raise ConfigError("block sizes must be positive integers")
@@ -86,22 +91,6 @@ def has_capacity(sim: SimOptions) -> bool:
     """Does ``sim`` name a capacity (else the replay would be unlimited)?"""
     return any(v is not None for v in (sim.capacity_tokens, sim.num_gpu_blocks, sim.max_total_tokens,
                                        sim.kv_cache_memory)) or bool(sim.model and sim.gpu)
-
-
-def capacity_for_share(model: Any, share: float) -> float | None:
-    """Smallest capacity (tokens) from which on a one-pass curve stays at >= ``share`` of its
-    unlimited-cache hit rate; None when nothing is ever reused."""
-    full = float(model.hit_rate_at_units([math.inf])[0])
-    if full <= 0:
-        return None
-    units = np.unique(np.concatenate([model.hit_thr, -(-model.den_thr // model.unit_tokens), [1]]))
-    units = units[units >= 1].astype(np.float64)
-    below = np.flatnonzero(model.hit_rate_at_units(units) < share * full - 1e-12)
-    if len(below) == 0:
-        return float(units[0] * model.unit_tokens)
-    if below[-1] + 1 >= len(units):
-        return None
-    return float(units[below[-1] + 1] * model.unit_tokens)
 
 
 class _Builder:
@@ -149,11 +138,13 @@ class _Builder:
 
         tree = icicle_layout(tr, (analysis.get("prefixes") or {}).get("top", []))
         groups = self._group_panels()
+        load = self._load_section() if o.concurrent else None
         self._phase("drawing the charts")
         sections = [
             self._capacity_section(cap_series, cap_rows),
             self._block_section(block_series),
             self._fraction_section(),
+            load,
             self._divergence_section(),
             self._prefix_section(tree),
             self._group_section(groups),
@@ -502,6 +493,13 @@ class _Builder:
         return Section("cached-fraction", "Cached share per request", charts=[self._chart(
             "cached_fraction", fig, caption, "Histogram of the cached share of each request's prompt")])
 
+    def _load_section(self) -> Section:
+        from kvsim.report.concurrent import concurrent_section
+
+        section, self.concurrent = concurrent_section(self.trace, self.chosen_sim, self.runs, self.opts,
+                                                      self._chart, self._phase)
+        return section
+
     def _divergence_section(self) -> Section:
         dv = self.an.get("divergence") or {}
         h = dv.get("histogram")
@@ -624,6 +622,7 @@ class _Builder:
                                   if self.opts.calibration is not None else None),
             "kv_bytes_per_token": self.kv_bytes,
             "recommendation": (self.an.get("recommendation") or {}).get("engine"),
+            "concurrent": getattr(self, "concurrent", None),
         }
         return T.key_numbers(numbers, summaries, self.an, self.chosen_sim, self.opts), numbers
 

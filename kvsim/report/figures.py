@@ -305,3 +305,52 @@ def group_chart(panels: Sequence[dict[str, Any]], title: str = "Hit rate per ten
         ax.legend(fontsize=7, ncol=4, loc="upper center", framealpha=0.9)
     fig.suptitle(title, fontsize=11, x=0.01, ha="left")
     return fig
+
+
+# -- under load (concurrent replay) ---------------------------------------------------------
+
+def load_hit_chart(bars: Sequence[dict[str, Any]], title: str = "Hit rate one at a time and under load") -> Figure:
+    """Bars of hit rate: ``bars`` are dicts with ``policy``, ``label`` and ``hit_rate``; bars with
+    ``sequential`` true are hatched (the one-request-at-a-time replay)."""
+    fig = _figure((8.6, 3.8))
+    ax = fig.add_subplot()
+    x = np.arange(len(bars))
+    for k, b in enumerate(bars):
+        color = POLICY_COLORS.get(b["policy"], "#444444")
+        v = float(b["hit_rate"]) * 100
+        if b.get("sequential"):
+            ax.bar(k, v, 0.7, facecolor="white", edgecolor=color, hatch="///", lw=1.2)
+        else:
+            ax.bar(k, v, 0.7, color=color)
+        ax.annotate(f"{v:.1f}%", (k, v), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=8)
+    ax.set_xticks(x)
+    ax.set_xticklabels([b["label"] for b in bars], fontsize=8)
+    ax.set_ylim(0, 110)
+    ax.set_yticks(range(0, 101, 20))
+    ax.yaxis.set_major_formatter(PercentFormatter())
+    _style(ax, title, "replay (hatched: one request at a time)", "token hit rate [% of prompt tokens]")
+    ax.grid(False, axis="x")
+    return fig
+
+
+def ttft_cdf_chart(series: Sequence[dict[str, Any]], title: str = "Time to first token under load") -> Figure:
+    """Empirical CDFs of TTFT (log x axis): ``series`` are dicts with ``policy``, ``label``,
+    ``ttft`` (seconds) and ``dashed`` (the run without prefix caching)."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    for s in series:
+        v = np.sort(np.asarray(s["ttft"], np.float64) * 1e3)
+        v = v[np.isfinite(v) & (v > 0)]
+        if not len(v):
+            continue
+        y = np.arange(1, len(v) + 1) / len(v) * 100
+        ax.plot(v, y, color=POLICY_COLORS.get(s["policy"], "#444444"), lw=1.2 if s.get("dashed") else 2,
+                ls="--" if s.get("dashed") else "-", drawstyle="steps-post", label=s["label"])
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _p: f"{v:g}" if str(f"{v:g}")[0] in "25" else ""))
+    ax.set_ylim(0, 100)
+    ax.yaxis.set_major_formatter(PercentFormatter())
+    _style(ax, title, "time to first token [ms, log scale]", "requests with this TTFT or less [%]")
+    ax.legend(fontsize=8, loc="lower right", framealpha=0.9)
+    return fig

@@ -115,13 +115,13 @@ def png_paths(data: ReportData, html_path: Path, png_dir: Path | None = None) ->
 def write_report(data: ReportData, html_path: Path, png_dir: Path | None = None,
                  inputs: Iterable[Path] = ()) -> list[Path]:
     """Write the PNGs and the page (never over an input file); returns the paths, page last."""
-    from kvsim.outputs import check_output_path, write_bytes_atomic, write_text_atomic
+    from kvsim.outputs import check_output_path, make_dir, write_bytes_atomic, write_text_atomic
 
     html_path = Path(html_path)
     inputs = list(inputs)
     check_output_path(html_path, inputs)
     if png_dir is not None:
-        Path(png_dir).mkdir(parents=True, exist_ok=True)
+        make_dir(Path(png_dir))
     paths = png_paths(data, html_path, png_dir)
     images = {c.name: c.png for c in data.charts}
     for s in data.sections:

@@ -20,5 +20,5 @@ section numbers the comments cite.
 - ``step_cost.py`` — what a step costs in time (roofline of its batch, or a calibration);
   ``timed.py`` — step and timed replays, latencies, the run without prefix caching.
 - ``settings.py`` — scheduler settings from kvsim's options and the engines' GPU defaults;
-  ``views.py`` — the concurrent view of a log for reports.
+  ``views.py`` — the concurrent view of a log for report and sweep.
 """

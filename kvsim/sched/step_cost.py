@@ -23,6 +23,7 @@ iteration that only processes the last result) costs nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -62,9 +63,21 @@ class RooflineStepCost:
     def seconds(self, new_tokens, context) -> float:
         if len(new_tokens) == 0:
             return 0.0
-        d = self.device
-        return max(self.flops(new_tokens, context) / d.flops(self.model.dtype_bytes),
-                   self.bytes(new_tokens, context) / d.mem_bandwidth)
+        # the same sums as flops() and bytes(), in plain Python: a step's batch is small and
+        # this runs once per step, so numpy's per-call overhead would dominate the replay
+        k = self._constants
+        new = sum(new_tokens)
+        pairs = sum(n * c + n * (n + 1) / 2 for n, c in zip(new_tokens, context))
+        flops = k[0] * new + k[1] * pairs + k[2] * len(new_tokens)
+        nbytes = k[3] + k[4] * (sum(context) + 2 * new)
+        return max(flops / k[5], nbytes / k[6])
+
+    @cached_property
+    def _constants(self) -> tuple[float, ...]:
+        m, d = self.model, self.device
+        return (2.0 * self.linear_params, 4.0 * m.num_layers * m.num_heads * m.head_dim,
+                2.0 * m.hidden_size * m.vocab_size, float(m.weight_bytes()), float(m.kv_bytes_per_token()),
+                d.flops(m.dtype_bytes), d.mem_bandwidth)
 
     def describe(self) -> str:
         return f"roofline of {self.model.name} on {self.device.name}"

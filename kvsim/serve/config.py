@@ -67,8 +67,13 @@ class ServeConfig:
         if self.record is not None:
             if self.record.is_dir():
                 raise ConfigError(f"--record {self.record}: is a directory, expected a file")
-            if not self.record.parent.exists():
-                raise ConfigError(f"--record {self.record}: directory {self.record.parent} does not exist")
+            from kvsim.errors import KvsimError
+            from kvsim.outputs import check_output_path
+
+            try:
+                check_output_path(self.record)   # a missing folder is created when the record opens
+            except KvsimError as e:
+                raise ConfigError(f"--record {e}") from None
 
     def resolve_max_model_len(self, engine_limit: int | None) -> int:
         """The context length served: what the user asked, bounded by what the cache holds

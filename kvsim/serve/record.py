@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kvsim.errors import ConfigError
+from kvsim.outputs import open_private_append
 
 
 class Recorder:
@@ -28,7 +29,8 @@ class Recorder:
         try:
             self.existing_lines = _count_lines(self.path)
             # O_APPEND: every write lands at the end, whatever else has the file open
-            self._file: TextIO = open(self.path, "a", encoding="utf-8", buffering=1)
+            # mode 0600: the record holds prompt token ids (and text with --record-text)
+            self._file: TextIO = open_private_append(self.path)
         except OSError as e:
             raise ConfigError(f"--record {self.path}: cannot open for appending ({e.strerror})") from None
         self.written = 0

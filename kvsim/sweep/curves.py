@@ -100,6 +100,26 @@ class CurveModel:
         return units * self.unit_tokens, self.hit_rate_at_units(units)
 
 
+def capacity_for_share(model: CurveModel, share: float) -> float | None:
+    """Smallest capacity (tokens) from which ``model``'s curve stays at >= ``share`` of its
+    unlimited-cache hit rate; None when nothing is ever reused.
+
+    The one definition of "the KV needed for X% of the upper bound": ``kvsim analyze`` and
+    ``kvsim report`` both read it off the same APC curve.
+    """
+    full = float(model.hit_rate_at_units([math.inf])[0])
+    if full <= 0:
+        return None
+    units = np.unique(np.concatenate([model.hit_thr, -(-model.den_thr // model.unit_tokens), [1]]))
+    units = units[units >= 1].astype(np.float64)
+    below = np.flatnonzero(model.hit_rate_at_units(units) < share * full - 1e-12)
+    if len(below) == 0:
+        return float(units[0] * model.unit_tokens)
+    if below[-1] + 1 >= len(units):
+        return None
+    return float(units[below[-1] + 1] * model.unit_tokens)
+
+
 def _cum_at(thr: np.ndarray, cum: np.ndarray, units: np.ndarray) -> np.ndarray:
     if len(cum) == 0:
         return np.zeros(len(units))

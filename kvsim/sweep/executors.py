@@ -42,6 +42,11 @@ def replay_point(trace: Trace, point: SweepPoint) -> dict[str, Any]:
         result.measured = measured_mask(len(trace), point.warmup)
     summary = summarize(result, trace)
     summary.pop("policy", None)
+    if point.concurrent is not None:   # the scheduler model under load, at the same capacity
+        from kvsim.sched.views import concurrent_columns
+
+        mode, cost = point.concurrent
+        summary.update(concurrent_columns(trace, point.options(), point.policy, mode, cost, result.measured))
     return {**summary, "config": dict(result.config)}
 
 

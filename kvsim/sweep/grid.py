@@ -48,6 +48,7 @@ class SweepPoint:
     eviction_policy: str | None = None
     base: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     warmup: Any = field(default=None, compare=False, hash=False)   # kvsim.warmup window (None: none)
+    concurrent: Any = field(default=None, compare=False, hash=False)  # (ReplayMode, step cost) or None
 
     def options(self) -> SimOptions:
         """The options of this combination's exact replay."""
@@ -66,6 +67,7 @@ class SweepPoint:
         d = asdict(self)
         d.pop("base")
         d.pop("warmup")
+        d.pop("concurrent")
         return d
 
 

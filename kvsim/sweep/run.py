@@ -26,6 +26,8 @@ from kvsim.sweep.executors import Executor, run_points
 FIGURES = ("token_hit_rate", "vllm_logged_hit_rate", "sglang_logged_hit_rate", "request_hit_rate",
            "mean_cached_fraction", "requests", "admitted", "rejected", "prompt_tokens", "cached_tokens",
            "evictions", "evicted_tokens", "peak_used_tokens", "replay_seconds")
+#: the scheduler model's figures under load (``concurrent=``), after the sequential ones
+CONCURRENT_FIGURES = ("concurrent_hit_rate", "concurrent_preemptions", "ttft_p50_s", "ttft_p90_s")
 
 
 @dataclass
@@ -76,8 +78,14 @@ def sweep(trace: Trace, policies: str | Sequence[str] = "apc,radix", capacities:
           eviction_policies: str | Sequence[str] = ("lru",), model: str | None = None,
           jobs: int | None = None, executor: str | Executor = "local", curves: bool = True,
           curve_points: int = 64, progress: bool | Callable[[int, int], Any] = False,
-          warmup: Any = None, optimal: bool = True, **options: Any) -> SweepResult:
-    """Replay every combination exactly and attach one-pass curves; see :func:`run_sweep`."""
+          warmup: Any = None, optimal: bool = True, concurrent: Any = None, **options: Any) -> SweepResult:
+    """Replay every combination exactly and attach one-pass curves; see :func:`run_sweep`.
+
+    ``concurrent`` = ``(ReplayMode, step cost or None)`` (:mod:`kvsim.replay.concurrent`) also
+    replays each combination through the engine's scheduler model as the log arrived, as
+    ``kvsim simulate --replay`` does: columns ``concurrent_hit_rate``,
+    ``concurrent_preemptions`` and, timed, ``ttft_p50_s`` / ``ttft_p90_s``.
+    """
     from kvsim.warmup import parse_warmup
 
     t0 = time.perf_counter()
@@ -94,6 +102,10 @@ def sweep(trace: Trace, policies: str | Sequence[str] = "apc,radix", capacities:
         page_sizes=parse_ints(page_sizes, "--page-size") if "radix" in names else (1,),
         eviction_policies=parse_eviction_policies(eviction_policies) if "radix" in names else ("lru",),
         base=base, warmup=window if window.active else None)   # executors.replay_point counts after it
+    if concurrent is not None:
+        from dataclasses import replace
+
+        points = [replace(p, concurrent=concurrent) for p in points]
     rows = run_points(trace, points, executor=executor, jobs=jobs, progress=progress)
     frame = _frame(points, rows)
     series = _curves(trace, points, frame, curve_points, window) if curves else []
@@ -137,6 +149,9 @@ def _frame(points: list[SweepPoint], rows: list[dict[str, Any]]) -> pd.DataFrame
                "max_total_tokens": cfg.get("max_total_tokens") if p.policy == "radix" else None}
         for key in FIGURES:
             rec[key] = row.get(key)
+        for key in CONCURRENT_FIGURES:
+            if key in row:
+                rec[key] = row[key]
         records.append(rec)
     frame = pd.DataFrame.from_records(records)
     for col in ("block_size", "page_size", "num_gpu_blocks", "max_total_tokens"):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvsim.errors import ConfigError, KvsimError
+from kvsim.errors import ConfigError
 from kvsim.workloads.record import ChatRequest
 
 FORMATS = ("chat", "tokens")
@@ -96,11 +96,7 @@ def write_requests(requests: Sequence[ChatRequest], path: str | Path, *, fmt: st
     path = Path(path)
     if fmt not in FORMATS:
         raise ConfigError(f"unknown output format {fmt!r}; use chat or tokens")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise KvsimError(f"cannot create folder {path.parent}: {e.strerror}") from None
-    check_output_path(path, force=force)
+    check_output_path(path, force=force)   # a missing folder is created when the file is written
     encoder = Encoder(tokenizer, chat_template)
     if fmt == "chat":
         lines = chat_lines(count_outputs(requests, encoder))

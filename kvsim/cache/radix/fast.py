@@ -184,7 +184,7 @@ class RadixFast(SequentialCache):
             c += 1
             r -= 1
             if r and self.avail >= p:
-                skip = min(r, (-c) % p)
+                skip = min(r, rules.ceil_page(c, p) - c)   # to the next page boundary
                 c += skip
                 r -= skip
 

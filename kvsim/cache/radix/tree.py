@@ -124,7 +124,7 @@ class RadixTree:
         n = min(len(key), end - off)
         eq = key[:n] == tokens[off:off + n]
         m = n if eq[n - 1] and eq.all() else int(eq.argmin())
-        return floor_page(m, self.page_size)
+        return m if self.page_size == 1 else floor_page(m, self.page_size)
 
     @property
     def total_size(self) -> int:
@@ -233,31 +233,29 @@ class RadixTree:
             if k_len > inserted_len:
                 leaf.hit_count = 1
             self.evictable_size += k_len - off
-            if not classic:
-                self._raise_tlru_history(leaf)
+            if not classic:   # T-LRU: the new leaf's depth raises its ancestors' history length
+                depth = node.tlru_cached_prefix_len + k_len - off
+                leaf.tlru_cached_prefix_len = leaf.tlru_history_len = depth
+                x = node
+                while x is not None and x.tlru_history_len < depth:
+                    x.tlru_history_len = depth
+                    x = x.parent
             self._update_leaf(node)
             self._update_leaf(leaf)
             return off, leaf
         return off, node
 
-    def _raise_tlru_history(self, leaf: Node) -> None:
-        leaf.tlru_cached_prefix_len = leaf.parent.tlru_cached_prefix_len + len(leaf.key)
-        leaf.tlru_history_len = max(leaf.tlru_history_len, leaf.tlru_cached_prefix_len)
-        x = leaf.parent
-        while x is not None and x.tlru_history_len < leaf.tlru_cached_prefix_len:
-            x.tlru_history_len = leaf.tlru_cached_prefix_len
-            x = x.parent
-
     # -- locks (§4) ----------------------------------------------------------------
     def lock(self, node: Node) -> None:
         """Protect the path root..node from eviction."""
-        root = self.root
+        root, leaves = self.root, self.evictable_leaves
         while node is not root:
             if node.lock_ref == 0:
                 k = len(node.key)
                 self.evictable_size -= k
                 self.protected_size += k
-                self.evictable_leaves.discard(node)   # a locked node is never an evictable leaf
+                if leaves:
+                    leaves.discard(node)   # a locked node is never an evictable leaf
             node.lock_ref += 1
             node = node.parent
 
@@ -269,7 +267,8 @@ class RadixTree:
                 k = len(node.key)
                 self.evictable_size += k
                 self.protected_size -= k
-                self._update_leaf(node)
+                if not node.children:             # (a node with children is in no leaf set)
+                    self._update_leaf(node)
             node = node.parent
 
     def path_value(self, node: Node) -> np.ndarray:
