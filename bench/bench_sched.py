@@ -14,6 +14,10 @@ kvsim's side is ``kvsim.sched`` (``replay_steps``); the real side is the engines
 scheduler code driven by the differential tests' drivers (``tests/oracle/*_sched_driver.py``),
 in the oracle interpreter (``$KVSIM_ORACLE_PYTHON`` or ``.oracle-venv``). Both run pinned to
 one CPU; times cover the replay loops only (not trace loading, not interpreter start-up).
+Each side reports its CPU time (``time.process_time``, which other jobs on a shared machine
+do not inflate) and its wall time; the speed-up is the ratio of the CPU-time medians.
+kvsim's vLLM model runs with the compiled block pool (``implementation="fast"``, the
+default); ``--vllm-implementation reference`` times the readable one.
 Per-request cached tokens, first-token and finish steps are checked equal.
 
     .venv/bin/python bench/bench_sched.py                     # 2,000 requests, both engines
@@ -62,23 +66,25 @@ def workload(requests: int, step_seconds: float):
     return prompts, outputs, Releases.steps_from_seconds(trace.arrival, step_seconds)
 
 
-def settings(engine: str, prompts, outputs):
+def settings(engine: str, prompts, outputs, implementation: str = "fast"):
     options = SimOptions(model=MODEL, gpu=GPU)
     if engine == "vllm":
         return VllmSchedSettings(num_gpu_blocks=apc_num_gpu_blocks(options), max_num_batched_tokens=8192,
-                                 max_num_seqs=1024, async_scheduling=True)
+                                 max_num_seqs=1024, async_scheduling=True, implementation=implementation)
     longest = max(len(p) + len(o) for p, o in zip(prompts, outputs))
     return SglangSchedSettings(capacity=radix_max_total_tokens(options), chunked_prefill_size=8192,
                                context_len=max(32768, longest + 16))
 
 
 def time_kvsim(s, prompts, outputs, arrival, runs: int):
-    times, result = [], None
+    """(median CPU seconds, median wall seconds, the last result)."""
+    cpu, wall, result = [], [], None
     for _ in range(runs):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         result = replay_steps(s, prompts, outputs, Releases.logged(arrival))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), result
+        cpu.append(time.process_time() - c0)
+        wall.append(time.perf_counter() - t0)
+    return statistics.median(cpu), statistics.median(wall), result
 
 
 def time_real(engine: str, s, prompts, outputs, arrival, runs: int, python: Path):
@@ -86,7 +92,8 @@ def time_real(engine: str, s, prompts, outputs, arrival, runs: int, python: Path
         path = sched_client.write_workload(Path(tmp) / "w.npz", prompts, outputs, arrival)
         job = vllm_job(path, s) if engine == "vllm" else sglang_job(path, s)
         results = sched_client.run_jobs(engine, [dict(job) for _ in range(runs)], python, timeout=24 * 3600)
-    return statistics.median(float(r["elapsed"]) for r in results), results[-1]
+    return (statistics.median(float(r["cpu"]) for r in results),
+            statistics.median(float(r["elapsed"]) for r in results), results[-1])
 
 
 def main() -> int:
@@ -97,6 +104,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3, help="kvsim runs (median)")
     ap.add_argument("--real-runs", type=int, default=1, help="real scheduler runs (median)")
     ap.add_argument("--kvsim-only", action="store_true", help="time kvsim alone")
+    ap.add_argument("--vllm-implementation", default="fast", choices=("fast", "reference"),
+                    help="kvsim's vLLM cache model")
     args = ap.parse_args()
     cpu = pin_to_one_cpu()
     prompts, outputs, arrival = workload(args.requests, args.step_seconds)
@@ -104,20 +113,21 @@ def main() -> int:
     print(f"Mooncake conversation: {len(prompts):,} requests, {tokens / 1e6:.1f}M prompt tokens, "
           f"{int(arrival.max()) + 1:,} steps of arrivals at {args.step_seconds} s; pinned to CPU {cpu}")
     for engine in args.engines.split(","):
-        s = settings(engine, prompts, outputs)
-        ours_s, ours = time_kvsim(s, prompts, outputs, arrival, args.runs)
-        line = (f"{engine}: kvsim {ours_s:.2f} s ({ours.steps:,} steps, {int(ours.cached_tokens.sum()):,} "
-                f"cached tokens, {int(ours.preemptions.sum())} preemptions)")
+        s = settings(engine, prompts, outputs, args.vllm_implementation)
+        ours_s, ours_wall, ours = time_kvsim(s, prompts, outputs, arrival, args.runs)
+        line = (f"{engine}: kvsim {ours_s:.2f} s CPU, {ours_wall:.2f} s wall ({ours.steps:,} steps, "
+                f"{int(ours.cached_tokens.sum()):,} cached tokens, {int(ours.preemptions.sum())} preemptions)")
         if not args.kvsim_only:
             python, why = sched_client.oracle_python(engine)
             if python is None:
                 print(f"{line}; real scheduler unavailable: {why}")
                 continue
-            real_s, real = time_real(engine, s, prompts, outputs, arrival, args.real_runs, python)
+            real_s, real_wall, real = time_real(engine, s, prompts, outputs, arrival, args.real_runs, python)
             same = all(np.array_equal(a, real[k]) for a, k in (
                 (ours.cached_tokens, "cached"), (ours.first_token_step, "first_token_step"),
                 (ours.finish_step, "finish_step"), (ours.preemptions, "preemptions")))
-            line += f"; real {real_s:.2f} s; {real_s / ours_s:.1f}x; per-request results equal: {same}"
+            line += (f"; real {real_s:.2f} s CPU, {real_wall:.2f} s wall; {real_s / ours_s:.1f}x (CPU), "
+                     f"{real_wall / ours_wall:.1f}x (wall); per-request results equal: {same}")
         print(line)
     return 0
 

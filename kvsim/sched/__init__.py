@@ -12,7 +12,8 @@ section numbers the comments cite.
   time, closed-loop sessions (``Releases``).
 - ``results.py`` — per-request results of a step replay (``StepResult``).
 - ``vllm_cache.py``, ``sglang_cache.py`` — the one narrow adapter per engine onto the
-  reference cache models (``kvsim.cache``): the only modules that import them.
+  cache models (``kvsim.cache``): the only modules that import them; ``vllm_cache.py``
+  picks the compiled pool (``vllm_cache_fast.py``, default) or the reference objects.
 - ``vllm_scheduler.py`` — vLLM 0.33.0's v1 ``Scheduler`` and engine-core loop.
 - ``sglang_policy.py``, ``sglang_adder.py``, ``sglang_scheduler.py`` — SGLang 0.5.23's
   waiting-queue policies, ``PrefillAdder`` and event loop.

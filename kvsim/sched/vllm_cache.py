@@ -1,8 +1,8 @@
 """The vLLM scheduler model's only door into the APC cache model (``kvsim.cache.apc``).
 
 vLLM's scheduler calls its ``KVCacheManager`` through a handful of operations; this
-module exposes exactly those, on kvsim's reference ``APCManager``, so moving the cache
-layer means editing this one file. A request's KV bookkeeping lives in an
+module exposes exactly those, on kvsim's reference ``APCManager`` (here) or on the
+compiled block pool (``vllm_cache_fast.py``, the default; :func:`make_kv_cache` picks). A request's KV bookkeeping lives in an
 ``apc.Sequence`` held by the adapter; the scheduler passes its own request object,
 whose ``num_computed_tokens`` is copied in before each allocation.
 """
@@ -12,7 +12,10 @@ from collections.abc import Sequence as Seq
 
 import numpy as np
 
+from kvsim.cache.apc import rules
 from kvsim.cache.apc.reference import APCManager, BlockHasher, Sequence
+
+IMPLEMENTATIONS = ("fast", "reference")
 
 
 class TokenBuffer:
@@ -58,13 +61,14 @@ class VllmKVCache:
         self.watermark_blocks = int(watermark * num_gpu_blocks)
 
     def new_sequence(self, request_id: str, prompt: Seq[int], lora: str | None = None,
-                     cache_salt: str | None = None, max_outputs: int = 0,
+                     cache_salt: str | None = None, outputs: Seq[int] | None = None,
                      skip_reading_prefix_cache: bool = False) -> Sequence:
-        """A request's sequence; ``skip_reading_prefix_cache`` for a prompt-logprob request
-        (``SamplingParams``: its lookups always miss, docs/engines/apc.md §2.1)."""
+        """A request; ``outputs``, the tokens it will sample if known, size its buffer;
+        ``skip_reading_prefix_cache`` for a prompt-logprob request (``SamplingParams``: its
+        lookups always miss, docs/engines/apc.md §2.1)."""
         seq = Sequence(request_id, [], len(prompt), None, lora, cache_salt,
                        skip_reading_prefix_cache=skip_reading_prefix_cache)
-        seq.tokens = TokenBuffer(prompt, len(prompt) + max_outputs)
+        seq.tokens = TokenBuffer(prompt, len(prompt) + (0 if outputs is None else len(outputs)))
         seq.hasher = self.hasher
         self.hasher.extend(seq)
         return seq
@@ -139,11 +143,7 @@ class VllmKVCache:
     def cache_blocks(self, seq: Sequence, num_tokens: int) -> None:
         self.manager.cache_blocks(seq, num_tokens)
 
-    @staticmethod
-    def block_openings(computed: int, k: int, block_size: int) -> int:
-        """New blocks a decoding request takes over ``k`` steps from ``computed`` tokens."""
-        first = (-computed) % block_size
-        return 0 if k <= first else 1 + (k - 1 - first) // block_size
+    block_openings = staticmethod(rules.block_openings)
 
     def decode_steps(self, seqs: list[Sequence], computed: list[int], k: int, lag: int) -> None:
         """``k`` decode steps of running requests at once, in vLLM's order of pool operations.
@@ -172,6 +172,23 @@ class VllmKVCache:
         """Release every block of a finished or preempted request, last block first."""
         self.manager.free(seq)
 
+    def release(self, seq: Sequence) -> None:
+        """A finished request is gone (nothing to do here)."""
+
+    def free_block_ids(self) -> list[int]:
+        return self.manager.pool.free_block_ids()
+
     @property
     def num_free_blocks(self) -> int:
         return self.manager.pool.num_free_blocks
+
+
+def make_kv_cache(implementation: str, num_gpu_blocks: int, block_size: int, watermark: float = 0.0,
+                  hash_algo: str = "fast", max_model_len: int = 1 << 62, enable_caching: bool = True):
+    """The scheduler's cache: ``fast`` (compiled pool, the default) or ``reference`` (readable
+    objects); the two give the same results (``tests/test_sched_vllm_fast.py``)."""
+    if implementation == "fast":
+        from kvsim.sched.vllm_cache_fast import FastVllmKVCache   # loads numba: only when used
+
+        return FastVllmKVCache(num_gpu_blocks, block_size, watermark, hash_algo, max_model_len, enable_caching)
+    return VllmKVCache(num_gpu_blocks, block_size, watermark, hash_algo, max_model_len, enable_caching)

@@ -25,7 +25,7 @@ import numpy as np
 from kvsim.errors import ConfigError
 from kvsim.sched.clock import run_steps
 from kvsim.sched.results import StepResult
-from kvsim.sched.vllm_cache import VllmKVCache
+from kvsim.sched.vllm_cache import IMPLEMENTATIONS, make_kv_cache
 
 WAITING, RUNNING, PREEMPTED, FINISHED = range(4)
 BATCH_QUEUE_SIZE = 2          # VllmConfig.max_concurrent_batches with async scheduling (§4.2)
@@ -49,6 +49,7 @@ class VllmSchedSettings:
     max_model_len: int | None = None       # None: no cap below the requests' own lengths
     hash_algo: str = "fast"
     enable_prefix_caching: bool = True     # --no-enable-prefix-caching: every lookup misses
+    implementation: str = "fast"           # the cache model: "fast" (compiled) or "reference"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -56,6 +57,8 @@ class VllmSchedSettings:
         for name in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer")
+        if self.implementation not in IMPLEMENTATIONS:
+            raise ConfigError(f"unknown implementation {self.implementation!r}; choose fast or reference")
         if self.long_prefill_token_threshold < 0:
             raise ConfigError("--long-prefill-token-threshold must be 0 (off) or positive")
         if not 0.0 <= self.watermark < 1.0:
@@ -74,8 +77,8 @@ class VllmSchedSettings:
 class VllmRequest:
     """A request as the scheduler tracks it (``vllm/v1/request.py``)."""
 
-    __slots__ = ("index", "seq", "outputs", "num_prompt_tokens", "max_tokens", "priority", "status",
-                 "num_computed_tokens", "num_output_tokens", "num_output_placeholders",
+    __slots__ = ("index", "seq", "outputs", "output_ids", "num_prompt_tokens", "max_tokens", "priority", "status",
+                 "num_computed_tokens", "num_output_tokens", "num_tokens", "num_output_placeholders",
                  "num_in_flight_tokens", "num_stale_output_tokens", "num_preemptions",
                  "is_prefill_chunk", "stats_open", "prefill_cached")
 
@@ -83,12 +86,14 @@ class VllmRequest:
         self.index = index
         self.seq = seq                                  # the cache adapter's handle
         self.outputs = outputs                          # the tokens the model will sample
+        self.output_ids = outputs.tolist()              # the same, as Python ints
         self.num_prompt_tokens = seq.num_prompt_tokens
         self.max_tokens = len(outputs)                  # SamplingParams.max_tokens = logged length
         self.priority = priority
         self.status = WAITING
         self.num_computed_tokens = 0
         self.num_output_tokens = 0
+        self.num_tokens = self.num_prompt_tokens        # prompt + outputs so far
         self.num_output_placeholders = 0                # async: sampled, not yet returned
         self.num_in_flight_tokens = 0                   # scheduled, output not yet processed
         self.num_stale_output_tokens = 0                # in flight when preempted (§3.4)
@@ -96,10 +101,6 @@ class VllmRequest:
         self.is_prefill_chunk = False
         self.stats_open = True                          # prefill stats not yet reported
         self.prefill_cached = 0                         # PrefillStats: hit of the first admission
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_prompt_tokens + self.num_output_tokens
 
     def sort_key(self) -> tuple[int, int]:
         """Priority order: lower priority value first, then earlier arrival (§3.1)."""
@@ -159,8 +160,8 @@ class VllmScheduler:
     def __init__(self, settings: VllmSchedSettings) -> None:
         s = self.settings = settings
         self.max_model_len = s.max_model_len or (1 << 62)
-        self.cache = VllmKVCache(s.num_gpu_blocks, s.block_size, s.watermark, s.hash_algo, self.max_model_len,
-                                 s.enable_prefix_caching)
+        self.cache = make_kv_cache(s.implementation, s.num_gpu_blocks, s.block_size, s.watermark, s.hash_algo,
+                                   self.max_model_len, s.enable_prefix_caching)
         self.waiting = WaitingQueue(s.policy == "priority")
         self.running: list[VllmRequest] = []
         self.finished_since_schedule = False      # finished_req_ids not yet sent to the workers
@@ -185,22 +186,26 @@ class VllmScheduler:
 
         # (a) running requests, in order (§3.2)
         running, i = self.running, 0
+        allocate, max_model_len = cache.allocate, self.max_model_len
         while i < len(running) and budget > 0:
             req = running[i]
+            computed, placeholders = req.num_computed_tokens, req.num_output_placeholders
             # async: the in-flight step already reaches max_tokens, no extra step (§4.2)
-            if req.num_output_placeholders > 0 and \
-                    req.num_computed_tokens + 2 - req.num_output_placeholders >= req.num_prompt_tokens + req.max_tokens:
+            if placeholders > 0 and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
                 i += 1
                 continue
-            n = req.num_tokens + req.num_output_placeholders - req.num_computed_tokens
+            n = req.num_tokens + placeholders - computed
             if 0 < threshold < n:
                 n = threshold
-            n = min(n, budget, self.max_model_len - req.num_computed_tokens - 1)
+            if n > budget:
+                n = budget
+            if n > max_model_len - computed - 1:
+                n = max_model_len - computed - 1
             if n <= 0:
                 i += 1
                 continue
             ok = True
-            while not cache.allocate(req.seq, req.num_computed_tokens, n):
+            while not allocate(req.seq, computed, n):
                 # preempt the lowest-priority running request: the last one (FCFS) or
                 # the largest (priority, arrival) (§3.4)
                 if priority:
@@ -262,15 +267,15 @@ class VllmScheduler:
 
         # _update_after_schedule (+ AsyncScheduler's placeholders)
         sampled: dict[VllmRequest, int] = {}
+        placeholder = int(s.async_scheduling)
         for req, n in scheduled.items():
-            req.num_computed_tokens += n
+            req.num_computed_tokens = computed = req.num_computed_tokens + n
             req.num_in_flight_tokens += n
-            req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens + req.num_output_placeholders
-            if not req.is_prefill_chunk:
+            req.is_prefill_chunk = chunk = computed < req.num_tokens + req.num_output_placeholders
+            if not chunk:
                 # the model samples the token at position num_computed_tokens
-                sampled[req] = int(req.outputs[req.num_computed_tokens - req.num_prompt_tokens])
-                if s.async_scheduling:
-                    req.num_output_placeholders += 1
+                sampled[req] = req.output_ids[computed - req.num_prompt_tokens]
+                req.num_output_placeholders += placeholder
         self.finished_since_schedule = False
         return StepPlan(step, scheduled, sampled, decoding)
 
@@ -287,6 +292,7 @@ class VllmScheduler:
     # -- update_from_output() -------------------------------------------------------
     def update_from_output(self, plan: StepPlan, result: StepResult) -> None:
         cache = self.cache
+        append, cache_blocks, max_model_len, sampled = cache.append, cache.cache_blocks, self.max_model_len, plan.sampled
         stopped_running: set[VllmRequest] = set()
         stopped_waiting: set[VllmRequest] = set()
         for req, n in plan.scheduled.items():
@@ -294,31 +300,32 @@ class VllmScheduler:
             stale = req.num_stale_output_tokens > 0
             if stale:
                 req.num_stale_output_tokens -= n
-            if req.status == FINISHED:
+            status_before = req.status
+            if status_before == FINISHED:
                 continue
-            token = plan.sampled.get(req)
+            token = sampled.get(req)
             if token is None:
                 continue                        # mid-prefill: no output, no event
-            status_before = req.status
             had_placeholders = req.num_output_placeholders > 0
-            cache.append(req.seq, token)
-            req.num_output_tokens += 1
-            stopped = req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len
-            if not stale and had_placeholders:
+            append(req.seq, token)
+            req.num_output_tokens = outputs = req.num_output_tokens + 1
+            req.num_tokens += 1
+            stopped = outputs >= req.max_tokens or req.num_tokens >= max_model_len
+            if had_placeholders and not stale:
                 req.num_output_placeholders -= 1
                 if status_before == RUNNING:
                     # async: blocks whose tokens are now all known get cached (§4.2)
-                    cache.cache_blocks(req.seq, req.num_computed_tokens - req.num_in_flight_tokens)
+                    cache_blocks(req.seq, req.num_computed_tokens - req.num_in_flight_tokens)
             i = req.index
-            if req.stats_open:
+            if req.stats_open:          # the request's first output
                 req.stats_open = False
                 result.cached_tokens[i] = req.prefill_cached
-            if result.first_token_step[i] < 0:
                 result.first_token_step[i] = plan.step
             if stopped:
                 req.status = FINISHED
                 self.finished_since_schedule = True
                 cache.free(req.seq)
+                cache.release(req.seq)
                 result.finish_step[i] = plan.step
                 result.output_tokens[i] = req.num_output_tokens
                 result.finished.append(i)
@@ -360,7 +367,7 @@ class VllmEngine:
             return
         seq = self.scheduler.cache.new_sequence(
             str(index), self.prompts[index], None if self.loras is None else self.loras[index],
-            None if self.salts is None else self.salts[index], max_outputs=len(self.outputs[index]),
+            None if self.salts is None else self.salts[index], outputs=self.outputs[index],
             skip_reading_prefix_cache=self.prompt_logprobs is not None and bool(self.prompt_logprobs[index]))
         priority = 0 if self.priorities is None else int(self.priorities[index])
         self.scheduler.add_request(VllmRequest(index, seq, np.asarray(self.outputs[index]), priority))
@@ -399,7 +406,9 @@ class VllmEngine:
                                or r.num_computed_tokens != r.num_tokens - 1 for r in running):
             return 0
         computed = [r.num_computed_tokens for r in running]
-        k = min(horizon, min(r.max_tokens - r.num_output_tokens for r in running) - 3,
+        # nobody may finish inside the run: k outputs are processed, the last step's
+        # output (async) comes after it; nobody reaches the async "already at max_tokens" skip
+        k = min(horizon, min(r.max_tokens - r.num_output_tokens for r in running) - 1,
                 sched.max_model_len - max(computed) - 3)
         cache = sched.cache
         if sched.waiting and bs < s.max_num_seqs and bs < s.max_num_batched_tokens:
@@ -414,13 +423,14 @@ class VllmEngine:
             first = c + 1 - lag - r.num_prompt_tokens
             cache.append_many(r.seq, r.outputs[first:first + k])
             r.num_output_tokens += k
+            r.num_tokens += k
         cache.decode_steps([r.seq for r in running], computed, k, lag)
         for r, c in zip(running, computed):
             r.num_computed_tokens = c + k
         sched.finished_since_schedule = False
         if lag:   # the last step's output is still in flight
             self.queue[0] = StepPlan(step + k - 1, {r: 1 for r in running},
-                                     {r: int(r.outputs[r.num_computed_tokens - r.num_prompt_tokens]) for r in running},
+                                     {r: r.output_ids[r.num_computed_tokens - r.num_prompt_tokens] for r in running},
                                      set(running))
         return k
 
@@ -447,10 +457,12 @@ class VllmEngine:
         if h >= (head.num_tokens - 1) // B:
             return 1 << 62                   # no further block could ever hit
         k = 1 << 62
+        parent = head.seq.block_hashes[h - 1] if h else None
         for r, c in zip(sched.running, computed):
+            if cache.num_cached_blocks(r.seq) > h:
+                continue
             hashes = r.seq.block_hashes
-            if cache.num_cached_blocks(r.seq) <= h and (h == 0 or (len(hashes) >= h and hashes[h - 1] ==
-                                                                  head.seq.block_hashes[h - 1])):
+            if h == 0 or (len(hashes) >= h and hashes[h - 1] == parent):
                 k = min(k, (h + 1) * B - (c + 1 - lag))   # stop before r caches block h
         return k
 

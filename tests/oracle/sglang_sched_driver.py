@@ -366,11 +366,12 @@ class Replay:
 
 
 def run_job(job: dict) -> None:
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     r = Replay(job)
     steps = r.run()
     np.savez(job["out"], cached=r.cached, first_token_step=r.first, finish_step=r.finish,
-             preemptions=r.retracted, rejected=r.rejected, steps=steps, elapsed=time.perf_counter() - t0)
+             preemptions=r.retracted, rejected=r.rejected, steps=steps, elapsed=time.perf_counter() - t0,
+             cpu=time.process_time() - c0)
 
 
 def main() -> None:

@@ -164,7 +164,7 @@ def run_job(job: dict) -> None:
     step = 0
     queue: deque = deque()
     use_queue = bool(job["async_scheduling"])
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
 
     def record(engine_outputs, s: int) -> None:
         for eco in engine_outputs.values():
@@ -217,10 +217,10 @@ def run_job(job: dict) -> None:
             continue
         result, out, s = queue.pop()
         record(sched.update_from_output(out, result), s)
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert not live, f"requests never finished: {sorted(live)[:5]}"
     np.savez(job["out"], cached=cached, first_token_step=first, finish_step=finish, preemptions=preempt,
-             rejected=rejected, steps=step, elapsed=elapsed)
+             rejected=rejected, steps=step, elapsed=elapsed, cpu=cpu)
 
 
 def main() -> None:

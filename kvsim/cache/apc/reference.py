@@ -36,6 +36,12 @@ class BlockHasher:
         """vLLM 0.33 hashes the adapter's name and path; a log has only the name (§1.3)."""
         return None if lora is None else (lora, self.lora_paths.get(lora, lora))
 
+    def fast_namespace_keys(self, lora: str | None, cache_salt: str | None) -> tuple[int, int]:
+        """The fast hash's namespace keys: (LoRA, on every block; salt, on block 0) (§1.3)."""
+        lora_key = self.lora_key(lora)
+        every = 0 if lora_key is None else hashing.namespace_key("lora", *lora_key)
+        return every, hashing.namespace_key("cache_salt", cache_salt) if cache_salt else 0
+
     def extend(self, seq: Sequence) -> None:
         """Append the hashes of blocks that became full since the last call."""
         b, start = self.block_size, len(seq.block_hashes)
@@ -43,9 +49,7 @@ class BlockHasher:
         if n <= 0:
             return
         if self.algo == "fast":
-            lora = self.lora_key(seq.lora)
-            every = 0 if lora is None else hashing.namespace_key("lora", *lora)
-            first = hashing.namespace_key("cache_salt", seq.cache_salt) if seq.cache_salt else 0
+            every, first = self.fast_namespace_keys(seq.lora, seq.cache_salt)
             parent = seq.block_hashes[-1] if start else self._root
             out = np.zeros(n, np.uint64)
             tokens = np.asarray(seq.tokens[: (start + n) * b], dtype=np.int64)

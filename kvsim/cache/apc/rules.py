@@ -28,6 +28,13 @@ def kept_blocks(L, M, B):
     return (L + M - 1) // B
 
 
+def block_openings(computed: int, k: int, B: int) -> int:
+    """New blocks a decoding request takes over ``k`` steps from ``computed`` tokens: one
+    each time the position it computes starts a block (§4.1)."""
+    first = (-computed) % B
+    return 0 if k <= first else 1 + (k - 1 - first) // B
+
+
 def _fits_ever(peak):
     def fits_ever(L, M, B, num_gpu_blocks):
         """Whether a request can be scheduled at all, in an empty pool: a non-empty prompt
