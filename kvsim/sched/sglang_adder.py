@@ -10,7 +10,8 @@ running request reserves ``min(max_new - generated, 4096)`` tokens, scaled by
 """
 from __future__ import annotations
 
-CLIP_MAX_NEW_TOKENS = 4096   # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+from kvsim.cache.radix.rules import CLIP_MAX_NEW_TOKENS, floor_page
+
 CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
 
 
@@ -92,7 +93,7 @@ class PrefillAdder:
             reserve_new = min(req.max_new, CLIP_MAX_NEW_TOKENS)
             chunked = False
             if self.rem_chunk is not None and input_tokens > self.rem_chunk:
-                end = (kv.prefix_len + self.rem_chunk // p * p) // p * p
+                end = floor_page(kv.prefix_len + floor_page(self.rem_chunk, p), p)
                 extend = end - kv.prefix_len
                 if extend <= 0:
                     return OTHER

@@ -15,7 +15,7 @@ from collections.abc import Hashable
 import numpy as np
 
 from kvsim.cache.radix.reference import RadixReference, RequestState
-from kvsim.cache.radix.rules import ceil_page, max_new_tokens_for_memory, namespace
+from kvsim.cache.radix.rules import ceil_page, decode_starts_page, max_new_tokens_for_memory, namespace
 from kvsim.cache.radix.settings import RadixSettings
 from kvsim.cache.radix.tree import Node, RadixTree
 
@@ -147,7 +147,7 @@ class SglangKVCache:
                 state.allocated += 1
                 state.committed += 1
             return
-        opening = [st for st in states if st.committed % p == 0]
+        opening = [st for st in states if decode_starts_page(st.committed, p)]
         pages = iter(alloc.alloc_pages(len(opening)).tolist())
         for state in states:
             c = state.committed

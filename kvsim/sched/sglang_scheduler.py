@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.cache.radix.rules import CLIP_MAX_NEW_TOKENS, logprob_aborts, max_prefix_len
+from kvsim.cache.radix.rules import CLIP_MAX_NEW_TOKENS, decode_starts_page, logprob_aborts, max_prefix_len
 from kvsim.cache.radix.settings import FINISHES
 from kvsim.errors import ConfigError
 from kvsim.sched.clock import run_steps
@@ -411,7 +411,7 @@ class SglangEngine:
     def check_decode_mem(self, reqs) -> bool:
         """Evict for the requests starting a new page; enough free slots now? (§5.1)"""
         p = self.settings.page_size
-        need = len(reqs) if p == 1 else sum(1 for r in reqs if r.kv.committed % p == 0) * p
+        need = len(reqs) if p == 1 else sum(1 for r in reqs if decode_starts_page(r.kv.committed, p)) * p
         self.cache.evict_to_free(need)
         return self.cache.available_size >= need
 

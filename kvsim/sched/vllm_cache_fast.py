@@ -209,7 +209,7 @@ class FastVllmKVCache:
         """``get_computed_blocks``: cached full blocks, at most ``num_tokens - 1`` tokens."""
         if not self.enable_caching or seq.skip_read:
             return _NO_HITS, 0
-        cap = (seq.n - 1) // self.block_size
+        cap = rules.lookup_cap_blocks(seq.n, self.block_size)
         if len(self._hits) < cap:
             self._hits = np.zeros(2 * cap, np.int32)
         p = self.pool

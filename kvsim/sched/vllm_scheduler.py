@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvsim.cache.apc import rules
 from kvsim.errors import ConfigError
 from kvsim.sched.clock import run_steps
 from kvsim.sched.results import StepResult
@@ -359,7 +360,7 @@ class VllmEngine:
     def fits_ever(self, index: int) -> bool:
         """kvsim's rejection rule: the request's peak blocks fit an empty cache (§1)."""
         L, M, B = len(self.prompts[index]), max(len(self.outputs[index]), 1), self.settings.block_size
-        return L > 0 and -(-(L + M - 1) // B) <= self.settings.num_gpu_blocks - 1
+        return bool(rules.fits_ever(L, M, B, self.settings.num_gpu_blocks))
 
     def add(self, index: int) -> None:
         if not self.fits_ever(index):
@@ -454,7 +455,7 @@ class VllmEngine:
             if cache.fits(head.seq, min(n, budget), num_hits, hits, s.reserve_full_isl, True):
                 return 0
         h = len(hits)
-        if h >= (head.num_tokens - 1) // B:
+        if h >= rules.lookup_cap_blocks(head.num_tokens, B):
             return 1 << 62                   # no further block could ever hit
         k = 1 << 62
         parent = head.seq.block_hashes[h - 1] if h else None
