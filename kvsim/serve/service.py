@@ -169,17 +169,8 @@ class CacheService:
         reply = self.replies.make(prep.max_tokens, hashlib.sha256(key).digest(), self.config.finish)
         served = self.apply(prep, reply.token_ids, reply_text=reply.text)
         if served.rejected and logprob_aborts(len(prep.prompt_ids), prep.logprob_start_len):
-            raise ApiError(f"req.logprob_start_len={prep.logprob_start_len} is higher than the number of input "
-                           f"tokens len(req.origin_input_ids)={len(prep.prompt_ids)}. Please use a smaller "
-                           "logprob_start_len.", param="logprob_start_len")
-        if served.rejected:
-            raise ApiError(f"This request needs more KV cache than the cache holds ({len(prep.prompt_ids)} "
-                           f"prompt tokens, {prep.max_tokens} output tokens; capacity "
-                           f"{self.engine.capacity_tokens} tokens).", param="input_tokens")
-        if served.generated < len(reply.token_ids):  # SGLang clipped the reply to the pool
-            reply = Reply(reply.token_ids[:served.generated], reply.pieces[:served.generated], "length")
-        return Answer(prep.kind, prep.request_id, prep.model, prep.prompt_ids, reply, served.cached_tokens,
-                      prep.return_token_ids, int(prep.arrival))
+            raise _logprob_abort(prep)
+        return _answer(prep, reply, served, self.engine.capacity_tokens)
 
     async def complete_timed(self, prep: Prepared) -> Answer:
         """Step 2 with ``--replay timed``: the reply is made as in :meth:`complete`, the request
@@ -188,9 +179,7 @@ class CacheService:
         reply = self.replies.make(prep.max_tokens, hashlib.sha256(key).digest(), self.config.finish)
         out = np.asarray(reply.token_ids if len(reply.token_ids) else [-1], np.int64)
         if logprob_aborts(len(prep.prompt_ids), prep.logprob_start_len) and self.config.policy == "radix":
-            raise ApiError(f"req.logprob_start_len={prep.logprob_start_len} is higher than the number of input "
-                           f"tokens len(req.origin_input_ids)={len(prep.prompt_ids)}. Please use a smaller "
-                           "logprob_start_len.", param="logprob_start_len")
+            raise _logprob_abort(prep)
         t = await self.timed.serve(np.asarray(prep.prompt_ids, np.int64), out, prep.lora, prep.cache_salt,
                                    prep.prompt_logprobs, prep.logprob_start_len)
         served = t.served
@@ -198,14 +187,7 @@ class CacheService:
                   "e2e_s": round(t.finished - t.released, 6)} if not served.rejected else {}
         self._account(prep, list(reply.token_ids), served, self.timed.state(), 0.0, reply.text,
                       extra={"kvsim_timed": timing} if timing else None)
-        if served.rejected:
-            raise ApiError(f"This request needs more KV cache than the cache holds ({len(prep.prompt_ids)} "
-                           f"prompt tokens, {prep.max_tokens} output tokens; capacity "
-                           f"{self.timed.capacity_tokens} tokens).", param="input_tokens")
-        if served.generated < len(reply.token_ids):  # SGLang clipped the reply to the pool
-            reply = Reply(reply.token_ids[:served.generated], reply.pieces[:served.generated], "length")
-        return Answer(prep.kind, prep.request_id, prep.model, prep.prompt_ids, reply, served.cached_tokens,
-                      prep.return_token_ids, int(prep.arrival))
+        return _answer(prep, reply, served, self.timed.capacity_tokens)
 
     # -- 3. apply ------------------------------------------------------------------------
     def apply(self, prep: Prepared, output_ids: list[int], reply_text: str | None = None,
@@ -273,3 +255,23 @@ class CacheService:
     def close(self) -> None:
         if self.recorder is not None:
             self.recorder.close()
+
+
+def _logprob_abort(prep: Prepared) -> ApiError:
+    """SGLang's error for a ``logprob_start_len`` past the prompt (the request is aborted)."""
+    return ApiError(f"req.logprob_start_len={prep.logprob_start_len} is higher than the number of input "
+                    f"tokens len(req.origin_input_ids)={len(prep.prompt_ids)}. Please use a smaller "
+                    "logprob_start_len.", param="logprob_start_len")
+
+
+def _answer(prep: Prepared, reply: Reply, served, capacity_tokens: int | None) -> Answer:
+    """The answer to a served request: an error if it never fit, the reply clipped where SGLang
+    clipped it to the pool."""
+    if served.rejected:
+        raise ApiError(f"This request needs more KV cache than the cache holds ({len(prep.prompt_ids)} "
+                       f"prompt tokens, {prep.max_tokens} output tokens; capacity "
+                       f"{capacity_tokens} tokens).", param="input_tokens")
+    if served.generated < len(reply.token_ids):  # SGLang clipped the reply to the pool
+        reply = Reply(reply.token_ids[:served.generated], reply.pieces[:served.generated], "length")
+    return Answer(prep.kind, prep.request_id, prep.model, prep.prompt_ids, reply, served.cached_tokens,
+                  prep.return_token_ids, int(prep.arrival))

@@ -136,17 +136,23 @@ class JsonRequestReader(Reader):
             except BadRecord as e:
                 ctx.bad(InputError(src.path, str(e), line))
                 continue
-            room = ctx.room()
-            if room is not None:
-                reqs = reqs[:room]
-            ctx.requests += len(reqs)
-            batch.extend(reqs)
-            weight += sum(r.weight for r in reqs)
-            if len(batch) >= self.batch_requests or weight >= self.batch_weight:
-                self._flush(batch, ctx)
-                batch, weight = [], 0
+            batch, weight = self._take(reqs, batch, weight, ctx)
         if batch:
             self._flush(batch, ctx)
+
+    def _take(self, reqs: list[PendingRequest], batch: list[PendingRequest], weight: int,
+              ctx: LoadContext) -> tuple[list[PendingRequest], int]:
+        """Add a line's requests (up to --limit) to the batch; tokenize it once it is full."""
+        room = ctx.room()
+        if room is not None:
+            reqs = reqs[:room]
+        ctx.requests += len(reqs)
+        batch.extend(reqs)
+        weight += sum(r.weight for r in reqs)
+        if len(batch) >= self.batch_requests or weight >= self.batch_weight:
+            self._flush(batch, ctx)
+            return [], 0
+        return batch, weight
 
     def _flush(self, batch: list[PendingRequest], ctx: LoadContext) -> None:
         needs_tok = any(r.prompt_text is not None or r.prompt_pieces is not None
@@ -199,15 +205,7 @@ class JsonRequestReader(Reader):
                     if reqs is None:
                         continue
                 started = True
-                room = ctx.room()
-                if room is not None:
-                    reqs = reqs[:room]
-                ctx.requests += len(reqs)
-                batch.extend(reqs)
-                weight += sum(r.weight for r in reqs)
-                if len(batch) >= self.batch_requests or weight >= self.batch_weight:
-                    self._flush(batch, ctx)
-                    batch, weight = [], 0
+                batch, weight = self._take(reqs, batch, weight, ctx)
             if ctx.full():
                 break
         if batch:
