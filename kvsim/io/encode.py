@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import chain
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
 
@@ -23,6 +23,17 @@ from kvsim.io.trace import NONE, narrow_tokens
 
 if TYPE_CHECKING:
     from kvsim.io.message_tokens import MessageTokens, PieceRefs
+
+
+class Packed(NamedTuple):
+    """A batch's prompts assembled into one array (what :class:`MessageTokens` gives when
+    every prompt of the batch is made of its pieces): each prompt's length, its message
+    count and the token offset of each message in its prompt."""
+
+    tokens: np.ndarray
+    lengths: np.ndarray     # int64, one per prompt
+    msg_counts: np.ndarray  # int64, one per prompt
+    msg_starts: np.ndarray  # int64, one per message
 
 
 @dataclass(slots=True)
@@ -79,27 +90,38 @@ def encode_requests(batch: Sequence[PendingRequest], source: int, tok: Tokenizer
             prompts[i], msg_token_starts[i] = a, s
     replies = [i for i, r in enumerate(batch) if r.output_ids is None and r.reply is not None]
     encoded_replies = None
+    packed = None
     if piecewise:
         assert pieces is not None, "prompts rendered in pieces need a PieceEncoder"
+        pack = {"pack": True} if getattr(pieces, "packs", False) and len(piecewise) == n else {}
         ids, starts, encoded_replies = pieces.encode([batch[i].prompt_pieces for i in piecewise],
-                                                     [batch[i].reply for i in replies])
-        for i, a, s in zip(piecewise, ids, starts):
-            prompts[i], msg_token_starts[i] = a, s
+                                                     [batch[i].reply for i in replies], **pack)
+        if isinstance(ids, Packed):  # every prompt of the batch, already in one array
+            packed = ids
+        else:
+            for i, a, s in zip(piecewise, ids, starts):
+                prompts[i], msg_token_starts[i] = a, s
     if text:
         for i, a in zip(text, tok.encode_batch([batch[i].prompt_text for i in text])):
             prompts[i] = a
-    lengths = np.fromiter((len(p) for p in prompts), np.int64, count=n)
-    tokens = narrow_tokens(_concat(prompts, int(lengths.sum())))
+    if packed is not None:
+        lengths, tokens = packed.lengths, narrow_tokens(packed.tokens)
+    else:
+        lengths = np.fromiter((len(p) for p in prompts), np.int64, count=n)
+        tokens = narrow_tokens(_concat(prompts, int(lengths.sum())))
 
     outputs: list = [r.output_ids for r in batch]
     if replies:
         encoded = (encoded_replies if encoded_replies is not None
                    else tok.encode_arrays([batch[i].reply for i in replies]))
+        eot = None if eot_id is None else np.array([eot_id], np.int64)
         for i, a in zip(replies, encoded):
-            outputs[i] = np.append(a, eot_id) if batch[i].reply_eot and eot_id is not None else a
+            outputs[i] = (a, eot) if eot is not None and batch[i].reply_eot else a  # joined below
     known = np.fromiter((o is not None for o in outputs), bool, count=n)
-    out_lengths = np.fromiter((0 if o is None else len(o) for o in outputs), np.int64, count=n)
-    out_tokens = _concat([o for o in outputs if o is not None], int(out_lengths.sum()))
+    out_lengths = np.fromiter((0 if o is None else len(o) if type(o) is not tuple else len(o[0]) + 1
+                               for o in outputs), np.int64, count=n)
+    out_tokens = _concat([*chain.from_iterable(o if type(o) is tuple else (o,) for o in outputs if o is not None)],
+                         int(out_lengths.sum()))
 
     output_lengths = np.empty(n, np.int64)
     out_source = np.empty(n, np.int8)
@@ -133,7 +155,11 @@ def encode_requests(batch: Sequence[PendingRequest], source: int, tok: Tokenizer
         arrival_step=np.fromiter((r.arrival_step for r in batch), np.int64, count=n),
         request_ids=[r.request_id for r in batch] if any(r.request_id is not None for r in batch) else None,
     )
-    if chat or piecewise:
+    if packed is not None:
+        part.msg_counts, part.msg_starts = packed.msg_counts, packed.msg_starts
+        part.msg_roles = np.fromiter(chain.from_iterable(r.msg_roles for r in batch), np.int32,
+                                     count=int(packed.msg_counts.sum()))
+    elif chat or piecewise:
         counts = np.fromiter((0 if s is None else len(s) for s in msg_token_starts), np.int64, count=n)
         part.msg_counts = counts
         part.msg_starts = np.fromiter(chain.from_iterable(s for s in msg_token_starts if s is not None),

@@ -1,9 +1,10 @@
 """``kvsim.load_trace``: read prompt logs of any supported format into one :class:`Trace`."""
 from __future__ import annotations
 
+import gc
 import os
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -82,6 +83,7 @@ def _read(sources: list[Path], format: str, tokenizer: str, chat_template: str, 
                       on_error=on_error, limit=limit, options=dict(reader_options or {}))
     meta = TraceMeta(sources=[str(p) for p in sources])
     with ExitStack() as stack:
+        stack.enter_context(_cycle_collector_paused())
         bar = _progress_bar(sources, stack) if progress else None
         ctx.executor = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvsim-tok"))
         done_bytes = 0
@@ -100,6 +102,20 @@ def _read(sources: list[Path], format: str, tokenizer: str, chat_template: str, 
     meta.skipped_lines = sum(meta.source_skipped)
     _describe(ctx, meta)
     return ctx.builder.build(meta, length_only=all(f == "azure-csv" for f in meta.formats))
+
+
+@contextmanager
+def _cycle_collector_paused():
+    """Pause Python's cycle collector while reading: readers make many small objects that
+    refcounting frees (no cycles), and the collector's passes over them cost a fifth of a
+    chat log's reading time. What is left is collected when it is switched back on."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 def _paths(paths: PathLike | Sequence[PathLike]) -> list[Path]:

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
+from kvsim.io.encode import Packed
 from kvsim.io.pieces import PieceEncoder
 from kvsim.io.templates import LocalForm, RenderedPieces
 from kvsim.io.tokenizers import Tokenizer
@@ -53,7 +54,11 @@ class MessageTokens:
         self.handles: dict[str, int] = {}
         self.texts: list[str] = []    # by handle (the reading thread appends)
         self.chars: list[int] = []
-        self.arrays: list[np.ndarray] = []  # by handle (the tokenizing thread appends)
+        # every tokenized piece's ids, in handle order: piece h is flat[starts[h]:starts[h + 1]]
+        # (the tokenizing thread appends)
+        self._flat = np.empty(1 << 16, np.int32)
+        self._starts = np.zeros(1 << 12, np.int64)
+        self._count = 0  # pieces tokenized
         self.splits: dict[int, tuple[str, str, str]] = {}  # handle -> (before, message text, after)
         self.held = 0
         self.replies: dict[str, np.ndarray] = {}  # reply text -> its tokens (the tokenizing thread's)
@@ -115,15 +120,20 @@ class MessageTokens:
         return self.prompt(handles)
 
     # -- on the tokenizing thread -----------------------------------------------------------
-    def encode(self, prompts: Sequence[PieceRefs | RenderedPieces], texts: Sequence[str] = ()
-               ) -> tuple[list[np.ndarray], list[list[int]], list[np.ndarray]]:
+    #: encode(..., pack=True) is understood
+    packs = True
+
+    def encode(self, prompts: Sequence[PieceRefs | RenderedPieces], texts: Sequence[str] = (), pack: bool = False
+               ) -> tuple[list[np.ndarray] | Packed, list[list[int]], list[np.ndarray]]:
         """Token ids of each prompt, the token index where each of its messages starts, and
-        the ids of ``texts`` (tokenized in the same batch as the new pieces)."""
+        the ids of ``texts`` (tokenized in the same batch as the new pieces). With ``pack``,
+        when every prompt is made of pieces, the prompts come as one :class:`Packed` (and no
+        starts)."""
         refs = [i for i, p in enumerate(prompts) if isinstance(p, PieceRefs)]
         others = [i for i, p in enumerate(prompts) if not isinstance(p, PieceRefs)]
         # the pieces this batch needs and older ones: a newer piece may repeat a reply of a
         # later batch, not tokenized yet
-        first = len(self.arrays)
+        first = self._count
         stop = max((max(prompts[i].parts) + 1 for i in refs), default=first)
         with self._lock:
             new = self.texts[first:stop]
@@ -146,7 +156,9 @@ class MessageTokens:
                 missing.append(k)
         for k, a in zip(missing, self.tok.encode_arrays([new[k] for k in missing]) if missing else []):
             arrays[k] = a
-        self.arrays.extend(arrays)
+        self._append(arrays)
+        if pack and not others:  # the reader's fast path: every prompt from pieces, assembled at once
+            return self._pack(prompts), [], reply_ids  # type: ignore[arg-type]
         ids: list[Any] = [None] * len(prompts)
         starts: list[Any] = [None] * len(prompts)
         if others:
@@ -184,16 +196,53 @@ class MessageTokens:
             a = self.constants[text] = self.tok.encode_arrays([text])[0]
         return a
 
+    def _append(self, arrays: list[np.ndarray]) -> None:
+        """Store the ids of the next pieces (in handle order)."""
+        lengths = np.fromiter(map(len, arrays), np.int64, count=len(arrays))
+        n, end = self._count, int(self._starts[self._count])
+        need = end + int(lengths.sum())
+        wide = any(a.dtype != np.int32 for a in arrays)
+        if need > len(self._flat) or (wide and self._flat.dtype == np.int32):
+            flat = np.empty(max(need, 2 * len(self._flat)), np.int64 if wide else self._flat.dtype)
+            flat[:end] = self._flat[:end]
+            self._flat = flat
+        if n + len(arrays) + 1 > len(self._starts):
+            starts = np.zeros(max(n + len(arrays) + 1, 2 * len(self._starts)), np.int64)
+            starts[:n + 1] = self._starts[:n + 1]
+            self._starts = starts
+        if arrays:
+            self._flat[end:need] = np.concatenate(arrays)
+        np.cumsum(lengths, out=self._starts[n + 1:n + 1 + len(arrays)])
+        self._starts[n + 1:n + 1 + len(arrays)] += end
+        self._count = n + len(arrays)
+
+    def _pack(self, prompts: Sequence[PieceRefs]) -> Packed:
+        """Every prompt's ids, gathered from its pieces' (no Python object per piece)."""
+        counts = np.fromiter(map(len, (p.parts for p in prompts)), np.int64, count=len(prompts))
+        handles = np.fromiter(chain.from_iterable(p.parts for p in prompts), np.int64, count=int(counts.sum()))
+        begin = self._starts[handles]
+        sizes = self._starts[handles + 1] - begin
+        ends = np.cumsum(sizes)
+        total = int(ends[-1]) if len(ends) else 0
+        # token t of the batch comes from flat[t + shift], shift constant within a piece
+        shift = np.repeat(begin - (ends - sizes), sizes)
+        tokens = self._flat[np.arange(total, dtype=np.int64) + shift]
+        last = np.cumsum(counts) - 1  # index of each prompt's last piece (the tail)
+        lengths = np.diff(ends[last], prepend=0)
+        # messages: the pieces after the head and before the tail; each starts where the
+        # piece before it ends, the first at 0 (the head belongs to the first message)
+        first = 0 if self.head is None else 1
+        local = np.arange(len(handles)) - np.repeat(last + 1 - counts, counts)  # piece index in its prompt
+        is_msg = (local >= first) & (local < np.repeat(counts, counts) - 1)
+        prompt_base = np.repeat(ends[last] - lengths, counts)
+        msg_starts = np.where(local == first, 0, ends - sizes - prompt_base)[is_msg]
+        return Packed(tokens, lengths, counts - 1 - first, msg_starts)
+
     def _assemble(self, prompts: list[PieceRefs], where: list[int], ids: list, starts: list) -> None:
-        arrays = self.arrays
-        parts = [arrays[h] for h in chain.from_iterable(p.parts for p in prompts)]
-        tokens = np.concatenate(parts)
-        ends = np.cumsum(np.fromiter(map(len, parts), np.int64, count=len(parts))).tolist()
-        first = 0 if self.head is None else 1  # message k > 0 is piece k + first
-        pos = 0  # index in parts of the prompt's first piece
-        for i, p in zip(where, prompts):
-            n = len(p.parts)
-            base = ends[pos - 1] if pos else 0
-            ids[i] = tokens[base:ends[pos + n - 1]]
-            starts[i] = [0, *[ends[pos + k + first - 1] - base for k in range(1, n - 1 - first)]]
-            pos += n
+        packed = self._pack(prompts)
+        ends = np.cumsum(packed.lengths).tolist()
+        msg_ends = np.cumsum(packed.msg_counts).tolist()
+        msg_starts = packed.msg_starts.tolist()
+        for k, i in enumerate(where):
+            ids[i] = packed.tokens[ends[k - 1] if k else 0:ends[k]]
+            starts[i] = msg_starts[msg_ends[k - 1] if k else 0:msg_ends[k]]
