@@ -99,11 +99,18 @@ class Tokenizer(ABC):
 def _straddled(left: str, right: str, specials: tuple[str, ...], right_plain: bool) -> bool:
     """Could a special token of left + right span the place where they meet, or is there
     one in ``right`` (not looked for when ``right_plain``)?"""
-    longest = max(map(len, specials), default=0)
+    longest, finder = _special_finder(specials)
     if longest == 0:
         return False
     window = left[max(0, len(left) - longest + 1):] + right[:longest - 1] if longest > 1 else ""
-    return any(s in window for s in specials) or (not right_plain and any(s in right for s in specials))
+    return finder.search(window) is not None or (not right_plain and finder.search(right) is not None)
+
+
+@functools.lru_cache(maxsize=64)
+def _special_finder(specials: tuple[str, ...]) -> tuple[int, re.Pattern]:
+    """The longest special token's length, and a pattern that finds any of them."""
+    alternatives = sorted(specials, key=len, reverse=True)
+    return max(map(len, specials), default=0), re.compile("|".join(map(re.escape, alternatives)) or "(?!)")
 
 
 @functools.lru_cache(maxsize=64)
@@ -230,11 +237,10 @@ class TiktokenTokenizer(Tokenizer):
         # join and, before it, equal the matches over that run alone. After the join they
         # are right's own matches: the pattern looks neither behind nor at the start of the
         # text (checked once), and right ends where left + right does.
-        specials = self.split_first()
+        specials = self._cut_strings
         if not right or right[0].isspace() or _straddled(left, right, specials, right_plain) or self._pattern is None:
             return False
-        start = max((left.rfind(s) + len(s) for s in specials if s in left), default=0)
-        run = left[start:]
+        run = self._last_run(left)
         if not run:
             return True  # left ends with a special token: encode() cuts there anyway
         # A match that starts in run and reaches past right[0] (not a space) returns False
@@ -262,6 +268,16 @@ class TiktokenTokenizer(Tokenizer):
         except ImportError:
             return None
         return regex.compile(pat)
+
+    @functools.cached_property
+    def _cut_strings(self) -> tuple[str, ...]:
+        return self.split_first()
+
+    @functools.lru_cache(maxsize=256)
+    def _last_run(self, left: str) -> str:
+        """The ordinary text at the end of ``left`` (after its last special token)."""
+        specials = self._cut_strings
+        return left[max((left.rfind(s) + len(s) for s in specials if s in left), default=0):]
 
     @functools.lru_cache(maxsize=256)
     def _run_matches(self, run: str) -> list[tuple[int, int]]:
