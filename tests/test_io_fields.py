@@ -1,0 +1,51 @@
+"""The plain-record shortcut of ``common_fields`` gives what the full checks give."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvsim.io.fields import _PLAIN_KEYS, BadRecord, _all_fields, _plain_fields, common_fields
+
+values = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
+    st.sampled_from([0, 1, 2**31 - 1, 2**31, -1, 12.0, 0.5, 1e308 * 10, -0.0]),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
+    st.sampled_from(["", "2024-01-01T00:00:00Z", "17.5"]), st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.sampled_from(["choices", "usage", "lora_name"]), st.none(), max_size=2))
+keys = st.sampled_from(sorted(_PLAIN_KEYS | {"tenant", "user", "usage", "id", "output_tokens", "echo"}))
+records = st.dictionaries(keys, values, max_size=8)
+
+
+def outcome(fn, rec):
+    try:
+        f = fn(rec)
+    except BadRecord as e:
+        return "error", str(e)
+    if f is None:
+        return None
+    d = dataclasses.asdict(f)
+    d["arrival"] = "nan" if math.isnan(d["arrival"]) else d["arrival"]
+    d["output_ids"] = None if d["output_ids"] is None else d["output_ids"].tolist()
+    return "fields", d
+
+
+@settings(max_examples=2000, deadline=None)
+@given(records)
+def test_the_shortcut_agrees_with_the_full_checks(rec):
+    full = outcome(_all_fields, rec)
+    plain = outcome(_plain_fields, rec) if rec.keys() <= _PLAIN_KEYS else None
+    if plain is not None:
+        assert plain == full
+    assert outcome(common_fields, rec) == full
+
+
+def test_the_common_chat_record_takes_the_shortcut():
+    rec = {"messages": 0, "model": "m", "timestamp": 17.5, "session_id": "s1", "request_id": "r1",
+           "max_tokens": 256, "output_length": 135, "response": "Hello."}
+    f = _plain_fields(rec)
+    assert f is not None and f == _all_fields(rec)
+    assert (f.arrival, f.session, f.request_id, f.max_tokens, f.logged_output, f.reply) == (
+        17.5, "s1", "r1", 256, 135, "Hello.")
