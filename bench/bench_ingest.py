@@ -26,8 +26,9 @@ Sections (``--only``, comma-separated; default all):
   out); the per-request cached tokens of both sides are checked equal;
 - ``chat``: ``load_trace`` of the chat logs against a per-request loop that parses the line
   (``json.loads``), renders the messages with the chat template and encodes the text
-  (``tiktoken``, tokenizer loaded beforehand for both); wall and CPU time (all threads); the
-  prompts are checked equal;
+  (``tiktoken``, tokenizer loaded beforehand for both), and against the same loop encoding
+  the logged reply too (the output tokens the trace holds); wall and CPU time (all threads);
+  the prompts and outputs are checked equal;
 - ``cache``: ``kvsim simulate`` on the chat log twice with the trace cache (a fresh cache
   folder): the first command reads and stores, the second maps the stored trace;
 - ``parquet``: ``kvsim convert`` to Parquet, reading it back, against reading the JSONL;
@@ -280,15 +281,18 @@ def bench_e2e(files: dict, args, env: dict) -> list[dict]:
     return rows
 
 
-def render_encode_loop(path: Path, template, tok) -> list[list[int]]:
-    """The baseline: parse each line, render its messages, encode the text."""
-    prompts = []
+def render_encode_loop(path: Path, template, tok, replies: bool = False) -> tuple[list[list[int]], list]:
+    """The baseline: parse each line, render its messages, encode the text; with
+    ``replies`` also encode the logged reply (the output tokens a trace holds)."""
+    prompts, outputs = [], []
     with open(path, encoding="utf-8") as f:
         for line in f:
             rec = json.loads(line)
             msgs = [(m["role"], m["content"]) for m in rec["messages"]]
             prompts.append(tok.encode(template.render(msgs).text))
-    return prompts
+            if replies:
+                outputs.append(tok.encode(rec["response"]) if rec.get("response") else None)
+    return prompts, outputs
 
 
 def bench_chat(files: dict, runs: int) -> list[dict]:
@@ -304,16 +308,22 @@ def bench_chat(files: dict, runs: int) -> list[dict]:
         path = files[name]
         kvsim.load_trace(path)  # the chat scanner's kernels loaded before timing
         cpu: list[float] = []
-        (loop_s, kv_s), (prompts, trace) = interleaved(
-            [lambda: render_encode_loop(path, template, tok), lambda: kvsim.load_trace(path)], runs, cpu)
+        (loop_s, reply_loop_s, kv_s), ((prompts, _), (_, outputs), trace) = interleaved(
+            [lambda: render_encode_loop(path, template, tok), lambda: render_encode_loop(path, template, tok, True),
+             lambda: kvsim.load_trace(path)], runs, cpu)
         same = len(prompts) == len(trace) and all(
             np.array_equal(trace.prompt(i), p) for i, p in enumerate(prompts))
+        # the trace's output is the reply's tokens and the template's end-of-turn token
+        same_out = len(outputs) == len(trace) and all(
+            o is None or np.array_equal(trace.output(i)[:-1], o) for i, o in enumerate(outputs))
         tokens = trace.num_prompt_tokens
         rows.append({"log": name, "bytes": path.stat().st_size, "requests": len(trace), "prompt_tokens": tokens,
-                     "loop_s": loop_s, "kvsim_s": kv_s, "loop_mtok_s": tokens / loop_s / 1e6,
-                     "kvsim_mtok_s": tokens / kv_s / 1e6, "ratio": loop_s / kv_s,
-                     "loop_cpu_s": cpu[0], "kvsim_cpu_s": cpu[1], "ratio_cpu": cpu[0] / cpu[1],
-                     "same_prompts": same})
+                     "loop_s": loop_s, "reply_loop_s": reply_loop_s, "kvsim_s": kv_s,
+                     "loop_mtok_s": tokens / loop_s / 1e6, "kvsim_mtok_s": tokens / kv_s / 1e6,
+                     "ratio": loop_s / kv_s, "ratio_reply_loop": reply_loop_s / kv_s,
+                     "loop_cpu_s": cpu[0], "reply_loop_cpu_s": cpu[1], "kvsim_cpu_s": cpu[2],
+                     "ratio_cpu": cpu[0] / cpu[2], "ratio_reply_loop_cpu": cpu[1] / cpu[2],
+                     "same_prompts": same, "same_outputs": same_out})
     return rows
 
 

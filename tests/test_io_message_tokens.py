@@ -130,6 +130,45 @@ def test_scanner_finds_messages_and_keys_equal_bytes_alike():
     assert data[ms:me] == b"[" + a + b" , " + b + b"]"
 
 
+def words_of(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    buf = np.frombuffer(data, np.uint8)
+    words = np.zeros(len(buf) // 8 + 3, np.uint64)
+    words.view(np.uint8)[:len(buf)] = buf
+    return buf, words
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from([b"a", b'"', b"\\", b"{", b"}", b"[", b"]", b",", b" ", b"plain text",
+                                  "\u00e9".encode()]), max_size=40).map(b"".join), st.integers(0, 79))
+def test_eight_byte_skipping_equals_the_byte_by_byte_scanner(data, start):
+    from kvsim.io import chat_scan, token_scan
+
+    data = b'"' + data if not data.startswith(b'"') else data
+    buf, words = words_of(data)
+    end = len(buf)
+    assert chat_scan._skip_string(buf, words, 0, end) == token_scan._skip_string(buf, 0, end)
+    start = min(start, end)
+    assert chat_scan._skip_value(buf, words, start, end) == token_scan._skip_value(buf, start, end)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=70), st.integers(0, 15), st.integers(0, 15))
+def test_message_keys_depend_on_the_bytes_only(data, pad_a, pad_b):
+    from kvsim.io.chat_scan import _key
+
+    keys = []
+    for pad in (pad_a, pad_b):  # the same bytes at another alignment
+        buf, words = words_of(b"#" * pad + data + b"#")
+        row = np.zeros(6, np.int64)
+        _key(buf, words, pad, pad + len(data), row)
+        keys.append(tuple(row[2:4]))
+    assert keys[0] == keys[1]
+    buf, words = words_of(data + b"!")
+    row = np.zeros(6, np.int64)
+    _key(buf, words, 0, len(data) + 1, row)  # one byte more: another key
+    assert tuple(row[2:4]) != keys[0]
+
+
 # -- whole logs --------------------------------------------------------------------------------
 def multi_turn_log(path: Path, sessions: int = 5, turns: int = 4) -> Path:
     rng = np.random.default_rng(7)

@@ -6,7 +6,7 @@ elements sit in the line. The caller keys each element by its raw bytes, so a me
 resent turn after turn is parsed, rendered and tokenized once, and reads the rest of the
 line (the array cut out) with the ordinary JSON parser and validators.
 
-Each element also gets a 128-bit key (a hash of its bytes) and each prefix of a
+Each element also gets a 128-bit key (MurmurHash3 x64-128 of its bytes) and each prefix of a
 line's messages a key chained from its elements' keys, so that the caller finds the longest
 message sequence it has seen before (turn k+1 resends turn k's messages) with a few lookups
 of small integers instead of hashing the history's bytes in Python. Two different byte
@@ -23,14 +23,22 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kvsim.io.token_scan import BLANK, DECLINED, FAST, _is_key, _skip_string, _skip_value, _ws, line_bounds
+from kvsim.io.token_scan import BLANK, DECLINED, FAST, _is_key, _ws, line_bounds
 
 MESSAGES_KEY = np.frombuffer(b"messages", np.uint8)
 
-_QUOTE, _COMMA, _COLON = 34, 44, 58
-_FNV_PRIME, _FNV_BASIS = np.uint64(0x100000001B3), np.uint64(0xCBF29CE484222325)
+_QUOTE, _BACKSLASH, _COMMA, _COLON = 34, 92, 44, 58
+_FNV_PRIME = np.uint64(0x100000001B3)
 _GOLDEN, _K1, _K2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31, _ONE = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(1)
+# MurmurHash3 x64-128's constants
+_C1, _C2 = np.uint64(0x87C37B91114253D5), np.uint64(0x4CF5AD432745937F)
+_F1, _F2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
+_N1, _N2, _FIVE = np.uint64(0x52DCE729), np.uint64(0x38495AB5), np.uint64(5)
+# eight bytes at once: a byte equal to '"' or '\\' (SWAR zero-byte test)
+_ONES, _HIGHS = np.uint64(0x0101010101010101), np.uint64(0x8080808080808080)
+_QUOTES, _BACKSLASHES = np.uint64(0x2222222222222222), np.uint64(0x5C5C5C5C5C5C5C5C)
+_U3, _U8, _U64 = np.uint64(3), np.uint64(8), np.uint64(64)
 #: columns of ChatScan.elems: byte span, the element's key, the key of the messages up to it
 START, END, KEY1, KEY2, PREFIX1, PREFIX2 = range(6)
 _LBRACE, _RBRACE, _LBRACKET, _RBRACKET = 123, 125, 91, 93
@@ -46,35 +54,124 @@ def _mix(h):
     return h ^ (h >> _S31)
 
 
+@njit(cache=True, inline="always")
+def _rotl(x, r):
+    return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
+
+
+@njit(cache=True, inline="always")
+def _word(words, i):
+    """The eight bytes at byte offset i (any alignment) as a little-endian integer, from the
+    8-byte words of the same buffer (which extends at least 8 bytes past i + 8)."""
+    q = i >> 3
+    shift = np.uint64(i & 7) << _U3
+    if shift == 0:
+        return words[q]
+    return (words[q] >> shift) | (words[q + 1] << (_U64 - shift))
+
+
+@njit(cache=True, inline="always")
+def _fmix(k):
+    k = (k ^ (k >> np.uint64(33))) * _F1
+    k = (k ^ (k >> np.uint64(33))) * _F2
+    return k ^ (k >> np.uint64(33))
+
+
 @njit(cache=True)
-def _key(buf, a, b, row):
-    """A 128-bit key of buf[a:b]: FNV-1a over four interleaved lanes of its bytes (independent
-    multiplications, so the loop runs at several bytes per cycle), mixed two ways."""
-    n = np.uint64(b - a)
-    l0, l1, l2, l3 = _FNV_BASIS, _FNV_BASIS ^ _K1, _FNV_BASIS ^ _K2, _FNV_BASIS ^ _GOLDEN
+def _key(buf, words, a, b, row):
+    """A 128-bit key of buf[a:b]: MurmurHash3 x64-128 (seed 0), sixteen bytes a round."""
+    h1 = h2 = np.uint64(0)
     i = a
-    while i + 4 <= b:
-        l0 = (l0 ^ np.uint64(buf[i])) * _FNV_PRIME
-        l1 = (l1 ^ np.uint64(buf[i + 1])) * _FNV_PRIME
-        l2 = (l2 ^ np.uint64(buf[i + 2])) * _FNV_PRIME
-        l3 = (l3 ^ np.uint64(buf[i + 3])) * _FNV_PRIME
-        i += 4
-    while i < b:
-        l0 = (l0 ^ np.uint64(buf[i])) * _FNV_PRIME
-        i += 1
-    row[KEY1] = np.int64(_mix(_mix(_mix(_mix(l0 ^ n) + l1) + l2) + l3))
-    row[KEY2] = np.int64(_mix(_mix(_mix(_mix(l3 * _GOLDEN + n) ^ l2) * _GOLDEN + l1) ^ l0))
+    while i + 16 <= b:
+        k1 = _rotl(_word(words, i) * _C1, 31) * _C2
+        h1 = (_rotl(h1 ^ k1, 27) + h2) * _FIVE + _N1
+        k2 = _rotl(_word(words, i + 8) * _C2, 33) * _C1
+        h2 = (_rotl(h2 ^ k2, 31) + h1) * _FIVE + _N2
+        i += 16
+    k1 = k2 = np.uint64(0)
+    for j in range(b - i):  # the last 0-15 bytes
+        v = np.uint64(buf[i + j])
+        if j < 8:
+            k1 |= v << np.uint64(8 * j)
+        else:
+            k2 |= v << np.uint64(8 * (j - 8))
+    h2 ^= _rotl(k2 * _C2, 33) * _C1
+    h1 ^= _rotl(k1 * _C1, 31) * _C2
+    n = np.uint64(b - a)
+    h1 ^= n
+    h2 ^= n
+    h1 += h2
+    h2 += h1
+    h1 = _fmix(h1)
+    h2 = _fmix(h2)
+    h1 += h2
+    h2 += h1
+    row[KEY1] = np.int64(h1)
+    row[KEY2] = np.int64(h2)
+
+
+@njit(cache=True, inline="always")
+def _plain8(words, i):
+    """Do the eight bytes at i hold no '"' and no backslash?"""
+    w = _word(words, i)
+    x, y = w ^ _QUOTES, w ^ _BACKSLASHES
+    return (((x - _ONES) & ~x) | ((y - _ONES) & ~y)) & _HIGHS == 0
 
 
 @njit(cache=True)
-def _messages(buf, i, end, elems, epos):
+def _skip_string(buf, words, i, end):
+    """buf[i] is a quote: (index after the closing quote or -1, whether it holds a backslash).
+    Eight bytes at a time where they hold neither a quote nor a backslash."""
+    i += 1
+    escaped = False
+    while i < end:
+        if i + 8 <= end and _plain8(words, i):
+            i += 8
+            continue
+        c = buf[i]
+        if c == _BACKSLASH:
+            escaped = True
+            i += 2
+            continue
+        if c == _QUOTE:
+            return i + 1, escaped
+        i += 1
+    return -1, escaped
+
+
+@njit(cache=True)
+def _skip_value(buf, words, i, end):
+    """Skip a non-string value; return the index of the ',' or '}' that ends it, or -1."""
+    depth = 0
+    while i < end:
+        c = buf[i]
+        if c == _QUOTE:
+            j, _ = _skip_string(buf, words, i, end)
+            if j < 0:
+                return -1
+            i = j
+            continue
+        if c == _LBRACE or c == _LBRACKET:
+            depth += 1
+        elif c == _RBRACE or c == _RBRACKET:
+            if depth == 0:
+                return i
+            depth -= 1
+        elif c == _COMMA and depth == 0:
+            return i
+        i += 1
+    return -1
+
+
+@njit(cache=True)
+def _messages(buf, words, i, end, elems, epos):
     """Record the elements of the array at buf[i] == '['. Returns (index after ']', new epos),
     or (-1, epos) when it is empty or an element is not an object."""
     i = _ws(buf, i + 1, end)
     while i < end:
         if buf[i] != _LBRACE:
             return -1, epos
-        j = _skip_value(buf, i, end)  # the ',' or ']' after the element
+        j = _skip_value(buf, words, i, end)  # the ',' or ']' after the element
         if j < 0 or buf[j] == _RBRACE:
             return -1, epos
         last = j - 1
@@ -85,7 +182,7 @@ def _messages(buf, i, end, elems, epos):
         row = elems[epos]
         row[START] = i
         row[END] = last + 1
-        _key(buf, i, last + 1, row)
+        _key(buf, words, i, last + 1, row)
         epos += 1
         if buf[j] == _RBRACKET:
             return j + 1, epos
@@ -94,7 +191,7 @@ def _messages(buf, i, end, elems, epos):
 
 
 @njit(cache=True)
-def _scan_line(buf, start, end, elems, epos, span):
+def _scan_line(buf, words, start, end, elems, epos, span):
     """Scan one line; span[0:2] is the messages array's byte span. Returns (status, new epos)."""
     span[0] = span[1] = -1
     i = _ws(buf, start, end)
@@ -107,7 +204,7 @@ def _scan_line(buf, start, end, elems, epos, span):
     while True:
         if i >= end or buf[i] != _QUOTE:
             return DECLINED, e0
-        j, escaped = _skip_string(buf, i, end)
+        j, escaped = _skip_string(buf, words, i, end)
         if j < 0 or escaped:
             return DECLINED, e0
         ka, kb = i + 1, j - 1
@@ -120,17 +217,17 @@ def _scan_line(buf, start, end, elems, epos, span):
         if _is_key(buf, ka, kb, MESSAGES_KEY):
             if span[0] >= 0 or buf[i] != _LBRACKET:
                 return DECLINED, e0  # repeated key, or not an array
-            j, epos = _messages(buf, i, end, elems, epos)
+            j, epos = _messages(buf, words, i, end, elems, epos)
             if j < 0:
                 return DECLINED, e0
             span[0], span[1] = i, j
             i = j
         elif buf[i] == _QUOTE:
-            i, _ = _skip_string(buf, i, end)
+            i, _ = _skip_string(buf, words, i, end)
             if i < 0:
                 return DECLINED, e0
         else:
-            i = _skip_value(buf, i, end)
+            i = _skip_value(buf, words, i, end)
             if i < 0:
                 return DECLINED, e0
         i = _ws(buf, i, end)
@@ -149,14 +246,15 @@ def _scan_line(buf, start, end, elems, epos, span):
 
 
 @njit(cache=True, nogil=True)
-def scan_chat_lines(buf, bounds, status, spans, counts, elems):
+def scan_chat_lines(buf, words, bounds, status, spans, counts, elems):
     """Scan lines ``buf[bounds[k]:bounds[k+1]]``: ``status[k]``, ``spans[k]`` (the messages
     array's start and end), ``counts[k]`` (its elements) and each element's byte span in
-    ``elems`` (rows in line order). Returns the rows written."""
+    ``elems`` (rows in line order). ``words``: the same bytes as 8-byte words, at least 16
+    bytes longer than the lines. Returns the rows written."""
     epos = 0
     for k in range(len(bounds) - 1):
         e0 = epos
-        status[k], epos = _scan_line(buf, bounds[k], bounds[k + 1], elems, epos, spans[k])
+        status[k], epos = _scan_line(buf, words, bounds[k], bounds[k + 1], elems, epos, spans[k])
         counts[k] = epos - e0
         p1 = p2 = np.uint64(0)
         for r in range(e0, epos):  # prefix keys: chained over the line's elements
@@ -178,7 +276,9 @@ class ChatScan:
         self.spans = np.empty((n, 2), np.int64)
         counts = np.empty(n, np.int64)
         elems = np.empty((int(np.count_nonzero(block == _LBRACE)) + 1, 6), np.int64)  # every element opens a '{'
-        rows = scan_chat_lines(block, bounds, self.status, self.spans, counts, elems)
+        words = np.zeros(len(block) // 8 + 3, np.uint64)  # the block as 8-byte words, 16+ bytes to spare
+        words.view(np.uint8)[:len(block)] = block
+        rows = scan_chat_lines(block, words, bounds, self.status, self.spans, counts, elems)
         self.elems = elems[:rows]
         self.elem_offsets = np.zeros(n + 1, np.int64)
         np.cumsum(counts, out=self.elem_offsets[1:])
