@@ -22,7 +22,7 @@ from kvsim.io.tokenizers import Tokenizer
 from kvsim.io.trace import NONE, narrow_tokens
 
 if TYPE_CHECKING:
-    from kvsim.io.message_tokens import MessageTokens, PieceRefs
+    from kvsim.io.message_tokens import MessageTokens, PieceRefs, Plan
 
 
 class Packed(NamedTuple):
@@ -72,9 +72,23 @@ class PendingRequest:
         return n + (len(self.reply) if self.reply else 0)
 
 
+def plan_requests(batch: Sequence[PendingRequest], pieces: PieceEncoder | MessageTokens | None) -> Plan | None:
+    """On the reading thread, once a batch is complete: start the tokenization its prompts in
+    pieces need, when ``pieces`` plans ahead (:class:`MessageTokens`); give the plan to
+    :func:`encode_requests`. None when there is nothing to plan."""
+    if not hasattr(pieces, "plan"):
+        return None
+    prompts = [r.prompt_pieces for r in batch if r.prompt_pieces is not None]
+    if not prompts:
+        return None
+    return pieces.plan(prompts, [r.reply for r in batch if r.output_ids is None and r.reply is not None])
+
+
 def encode_requests(batch: Sequence[PendingRequest], source: int, tok: Tokenizer | None,
-                    eot_id: int | None, pieces: PieceEncoder | MessageTokens | None = None) -> Part:
-    """Tokenize a batch of requests (in bulk) and return it as columns."""
+                    eot_id: int | None, pieces: PieceEncoder | MessageTokens | None = None,
+                    plan: Plan | None = None) -> Part:
+    """Tokenize a batch of requests (in bulk) and return it as columns (``plan``: what
+    :func:`plan_requests` started for it)."""
     n = len(batch)
     prompts: list = [r.prompt_ids for r in batch]
     msg_token_starts: list[list[int] | None] = [None] * n
@@ -93,9 +107,11 @@ def encode_requests(batch: Sequence[PendingRequest], source: int, tok: Tokenizer
     packed = None
     if piecewise:
         assert pieces is not None, "prompts rendered in pieces need a PieceEncoder"
-        pack = {"pack": True} if getattr(pieces, "packs", False) and len(piecewise) == n else {}
+        extra: dict = {} if plan is None else {"plan": plan}
+        if getattr(pieces, "packs", False) and len(piecewise) == n:
+            extra["pack"] = True
         ids, starts, encoded_replies = pieces.encode([batch[i].prompt_pieces for i in piecewise],
-                                                     [batch[i].reply for i in replies], **pack)
+                                                     [batch[i].reply for i in replies], **extra)
         if isinstance(ids, Packed):  # every prompt of the batch, already in one array
             packed = ids
         else:

@@ -20,6 +20,7 @@ nothing (:meth:`~kvsim.io.tokenizers.Tokenizer.joins`), instead of being tokeniz
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from itertools import chain
 from typing import Any, NamedTuple, Sequence
 
@@ -32,8 +33,8 @@ from kvsim.io.tokenizers import Tokenizer
 
 #: characters of distinct pieces (and raw message bytes) held; beyond it the reader starts a new store
 MAX_HELD_CHARS = 128 << 20
-#: reply tokens kept for the next turn's history; beyond it they are dropped
-MAX_REPLY_TOKENS = 16 << 20
+#: characters of replies kept (as tokens) for the next turn's history; beyond it they are dropped
+MAX_REPLY_CHARS = 64 << 20
 
 
 class PieceRefs(NamedTuple):
@@ -41,6 +42,18 @@ class PieceRefs(NamedTuple):
 
     parts: list[int]
     weight: int  # characters of the pieces (sizes tokenization batches)
+
+
+class Plan(NamedTuple):
+    """What a batch tokenizes, decided on the reading thread when the batch is complete, so
+    that tokenization starts at once (in the background) while earlier batches are assembled."""
+
+    first: int           # the batch's new pieces are handles first ... stop - 1
+    stop: int
+    derived: list[bool]  # per new piece: assembled from a reply's tokens
+    replies: list[str]   # the batch's reply texts
+    clear: bool          # the replies kept so far are dropped first
+    ids: list[Future]    # token arrays of the new pieces not derived, then of the replies
 
 
 class MessageTokens:
@@ -62,7 +75,9 @@ class MessageTokens:
         self.splits: dict[int, tuple[str, str, str]] = {}  # handle -> (before, message text, after)
         self.held = 0
         self.replies: dict[str, np.ndarray] = {}  # reply text -> its tokens (the tokenizing thread's)
-        self.reply_tokens = 0
+        self._planned = 0                # pieces planned (the reading thread's)
+        self._reply_texts: set[str] = set()  # the replies in self.replies once planned batches are done
+        self._reply_chars = 0
         self.constants: dict[str, np.ndarray] = {}  # template text -> its tokens
         self._first_special = tok.first_special_id  # ids below it are ordinary tokens
         self._lock = threading.Lock()
@@ -119,31 +134,56 @@ class MessageTokens:
             handles.append(h)
         return self.prompt(handles)
 
+    # -- on the reading thread, once a batch is complete --------------------------------------
+    def plan(self, prompts: Sequence[PieceRefs | RenderedPieces], texts: Sequence[str] = ()) -> Plan:
+        """Decide what the batch of ``prompts`` (with reply texts ``texts``) tokenizes and
+        start it in the background; :meth:`encode` of the same batch takes the plan."""
+        first = self._planned
+        # the pieces this batch needs and older ones: a newer piece may repeat a reply of a
+        # later batch, not tokenized yet
+        stop = max(first, max((max(p.parts) + 1 for p in prompts if isinstance(p, PieceRefs)), default=first))
+        with self._lock:
+            new = self.texts[first:stop]
+        clear = self._reply_chars > MAX_REPLY_CHARS
+        if clear:
+            self._reply_texts, self._reply_chars = set(), 0
+        # pieces whose message text is a reply (of this batch or before) are assembled from it
+        batch_replies = set(texts)
+        known = self._reply_texts
+        derived = []
+        for h in range(first, stop):
+            split = self.splits.get(h)
+            derived.append(split is not None and (split[1] in known or split[1] in batch_replies))
+        for text in texts:
+            if text:
+                known.add(text)
+                self._reply_chars += len(text)
+        self._planned = stop
+        todo = [*(text for text, d in zip(new, derived) if not d), *texts]
+        return Plan(first, stop, derived, list(texts), clear, self.tok.submit_arrays(todo) if todo else [])
+
     # -- on the tokenizing thread -----------------------------------------------------------
-    #: encode(..., pack=True) is understood
+    #: encode(..., pack=True, plan=...) is understood
     packs = True
 
-    def encode(self, prompts: Sequence[PieceRefs | RenderedPieces], texts: Sequence[str] = (), pack: bool = False
-               ) -> tuple[list[np.ndarray] | Packed, list[list[int]], list[np.ndarray]]:
+    def encode(self, prompts: Sequence[PieceRefs | RenderedPieces], texts: Sequence[str] = (), pack: bool = False,
+               plan: Plan | None = None) -> tuple[list[np.ndarray] | Packed, list[list[int]], list[np.ndarray]]:
         """Token ids of each prompt, the token index where each of its messages starts, and
         the ids of ``texts`` (tokenized in the same batch as the new pieces). With ``pack``,
         when every prompt is made of pieces, the prompts come as one :class:`Packed` (and no
-        starts)."""
+        starts). ``plan``: the batch's :meth:`plan` (made here when not given)."""
+        if plan is None:
+            plan = self.plan(prompts, texts)
+        assert plan.first == self._count and plan.replies == list(texts), "batches are encoded in plan order"
         refs = [i for i, p in enumerate(prompts) if isinstance(p, PieceRefs)]
         others = [i for i, p in enumerate(prompts) if not isinstance(p, PieceRefs)]
-        # the pieces this batch needs and older ones: a newer piece may repeat a reply of a
-        # later batch, not tokenized yet
-        first = self._count
-        stop = max((max(prompts[i].parts) + 1 for i in refs), default=first)
+        first, derived = plan.first, plan.derived
         with self._lock:
-            new = self.texts[first:stop]
-        if self.reply_tokens > MAX_REPLY_TOKENS:
-            self.replies, self.reply_tokens = {}, 0
-        # pieces whose message text is a reply (of this batch or before) are assembled from it
-        batch_replies = set(texts)
-        derived = [self._repeats_reply(first + k, batch_replies) for k in range(len(new))]
+            new = self.texts[first:plan.stop]
+        if plan.clear:
+            self.replies = {}
         encode = [k for k in range(len(new)) if not derived[k]]
-        encoded = self.tok.encode_arrays([*[new[k] for k in encode], *texts]) if encode or texts else []
+        encoded = [*chain.from_iterable(f.result() for f in plan.ids)]
         reply_ids = encoded[len(encode):]
         self._keep_replies(texts, reply_ids)
         arrays: list[np.ndarray | None] = [None] * len(new)
@@ -169,15 +209,10 @@ class MessageTokens:
             self._assemble([prompts[i] for i in refs], refs, ids, starts)
         return ids, starts, reply_ids
 
-    def _repeats_reply(self, h: int, batch_replies: set[str]) -> bool:
-        split = self.splits.get(h)
-        return split is not None and (split[1] in self.replies or split[1] in batch_replies)
-
     def _keep_replies(self, texts: Sequence[str], ids: Sequence[np.ndarray]) -> None:
         for text, a in zip(texts, ids):
             if text:
                 self.replies[text] = a
-                self.reply_tokens += len(a)
 
     def _assembled(self, h: int) -> np.ndarray | None:
         """A piece's tokens from its template texts' and its reply's, if the joins are exact

@@ -19,6 +19,7 @@ import re
 import threading
 import time
 from abc import ABC, abstractmethod
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -53,6 +54,19 @@ class Tokenizer(ABC):
     def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Token ids of each text as an integer array (what :meth:`encode` gives)."""
         return [_narrow(np.asarray(ids, np.int64)) for ids in self.encode_batch(texts)]
+
+    def submit_arrays(self, texts: Sequence[str]) -> list[Future]:
+        """Start :meth:`encode_arrays` of ``texts`` on the I/O threads: futures of the arrays
+        of consecutive slices of ``texts``. One core is left to the reading thread (on two
+        cores, one thread tokenizes: a second gained little and cost a third more CPU time)."""
+        from kvsim.io.workers import executor, workers
+
+        return [executor().submit(self._arrays_here, chunk)
+                for chunk in _balanced_chunks(list(texts), max(1, workers() - 1))]
+
+    def _arrays_here(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """:meth:`encode_arrays` on the calling thread alone."""
+        return Tokenizer.encode_arrays(self, texts)
 
     @abstractmethod
     def decode(self, ids: Iterable[int]) -> str:
@@ -189,6 +203,9 @@ class TiktokenTokenizer(Tokenizer):
         for part in executor().map(self._encode_numpy, chunks):
             out.extend(part)
         return out
+
+    def _arrays_here(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return self._encode_numpy(texts)
 
     def _encode_numpy(self, texts: Sequence[str]) -> list[np.ndarray]:
         joined = self._encode_joined(texts)

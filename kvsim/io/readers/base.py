@@ -10,7 +10,7 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping
 
 from kvsim.errors import InputError
 from kvsim.io.builder import TraceBuilder
-from kvsim.io.encode import PendingRequest, encode_requests
+from kvsim.io.encode import PendingRequest, encode_requests, plan_requests
 from kvsim.io.fields import BadRecord, CommonFields, kind, require_object
 from kvsim.io.pieces import PieceEncoder, cut_strings
 from kvsim.io.source import Source
@@ -162,10 +162,11 @@ class JsonRequestReader(Reader):
         pieces = self.piece_encoder(ctx) if needs_tok else None
         if needs_tok:
             ctx.used_tokenizer = True
+        plan = plan_requests(batch, pieces) if needs_tok else None
         if ctx.executor is not None:  # tokenize in the background while parsing goes on
-            ctx.builder.add(ctx.executor.submit(encode_requests, batch, ctx.source_index, tok, eot, pieces))
+            ctx.builder.add(ctx.executor.submit(encode_requests, batch, ctx.source_index, tok, eot, pieces, plan))
         else:
-            ctx.builder.add(encode_requests(batch, ctx.source_index, tok, eot, pieces))
+            ctx.builder.add(encode_requests(batch, ctx.source_index, tok, eot, pieces, plan))
 
     def piece_encoder(self, ctx: LoadContext) -> Any:
         """What tokenizes prompts rendered in pieces (``encode_requests``' ``pieces``)."""
