@@ -1,13 +1,15 @@
-"""The plain-record shortcut of ``common_fields`` gives what the full checks give."""
+"""The shortcuts of the chat fast path (plain records, plain JSON) give what the full paths give."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsim.io.fields import _PLAIN_KEYS, BadRecord, _all_fields, _plain_fields, common_fields
+from kvsim.io.source import plain_json
 
 values = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
@@ -49,3 +51,25 @@ def test_the_common_chat_record_takes_the_shortcut():
     assert f is not None and f == _all_fields(rec)
     assert (f.arrival, f.session, f.request_id, f.max_tokens, f.logged_output, f.reply) == (
         17.5, "s1", "r1", 256, 135, "Hello.")
+
+
+json_texts = st.one_of(
+    st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=5)),
+                 lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+                 max_leaves=8).map(json.dumps),
+    st.text(alphabet=' \t\n\r\x0b\u2028{}[]":,0123456789.eE+-tfnulrsa\\', max_size=20))
+
+
+@settings(max_examples=2000, deadline=None)
+@given(json_texts, st.sampled_from(["", " ", "\n", "\r\n", " \t", "\x0b", "\u2028", "x", ",1"]))
+def test_plain_json_reads_what_json_loads_reads(text, tail):
+    text += tail
+    try:
+        expected = ("value", json.loads(text))
+    except (ValueError, RecursionError):
+        expected = None
+    got = plain_json(text)
+    if got is not None:  # whatever it reads, json.loads reads the same
+        assert expected == ("value", got)
+    elif expected is not None and expected[1] is not None:  # it declines only leading whitespace (or null)
+        assert text[:1] in " \t\n\r"

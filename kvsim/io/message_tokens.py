@@ -79,7 +79,6 @@ class MessageTokens:
         self._reply_texts: set[str] = set()  # the replies in self.replies once planned batches are done
         self._reply_chars = 0
         self.constants: dict[str, np.ndarray] = {}  # template text -> its tokens
-        self._first_special = tok.first_special_id  # ids below it are ordinary tokens
         self._lock = threading.Lock()
         self.head = self._new(form.head) if form.head else None  # first in every prompt: no cut to check
         self.tail = self.piece(form.tail)
@@ -218,12 +217,9 @@ class MessageTokens:
         """A piece's tokens from its template texts' and its reply's, if the joins are exact
         (the one before the piece's ``after`` text is a cut before a special token)."""
         before, text, after = self.splits.pop(h)
-        ids = self.replies[text]
-        # special tokens in a text are encoded as their ids, so its ids show whether it holds one
-        plain = ids.size == 0 or int(ids.max()) < self._first_special
-        if not self.tok.joins(before, text, right_plain=plain):
+        if not self.tok.joins(before, text):  # (a special token in the text is looked for: cheaper than its ids)
             return None
-        return np.concatenate([self._constant(before), ids, self._constant(after)])
+        return np.concatenate([self._constant(before), self.replies[text], self._constant(after)])
 
     def _constant(self, text: str) -> np.ndarray:
         a = self.constants.get(text)

@@ -13,14 +13,13 @@ rest are not the plain case, is read by the general reader, which also writes th
 """
 from __future__ import annotations
 
-import json
 from typing import Any, ClassVar
 
 from kvsim.io.encode import PendingRequest
 from kvsim.io.fields import BadRecord, common_fields, kind
 from kvsim.io.message_tokens import MAX_HELD_CHARS, MessageTokens
 from kvsim.io.readers.base import JsonRequestReader, LoadContext, message_text
-from kvsim.io.source import UTF8_BOM, Source, parse_json
+from kvsim.io.source import UTF8_BOM, Source, plain_json
 
 _UNSEEN = object()
 
@@ -133,8 +132,8 @@ class ChatReader(JsonRequestReader):
         if line == 1 and rest.startswith(UTF8_BOM):
             return None
         try:
-            rec = parse_json(rest.decode("utf-8"))
-            if not isinstance(rec, dict):
+            rec = plain_json(rest.decode("utf-8"))
+            if type(rec) is not dict:
                 return None
             fields = common_fields(rec)
         except (UnicodeDecodeError, BadRecord):
@@ -191,8 +190,8 @@ class ChatReader(JsonRequestReader):
     @staticmethod
     def _parse_message(raw: bytes, store: MessageTokens | None) -> tuple[str, str, int | None] | None:
         try:
-            m = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError):
+            m = plain_json(raw.decode("utf-8"))
+        except UnicodeDecodeError:
             return None
         plain = _plain_message(m)
         if plain is None:
