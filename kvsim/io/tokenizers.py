@@ -264,7 +264,7 @@ class TiktokenTokenizer(Tokenizer):
         # however far it goes, and a match ending at the join looks at most one character
         # ahead: the start of right decides (a cut can only make the answer False).
         spans = []
-        for m in self._pattern.finditer(run + right[:64]):
+        for m in self._pattern.finditer(run + right[:64], concurrent=False):  # (short: keep the GIL)
             if m.end() > len(run):
                 return False
             spans.append(m.span())

@@ -3,7 +3,7 @@ tokenizer and template, the trace builder)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Mapping
@@ -262,25 +262,30 @@ class JsonRequestReader(Reader):
         return dict(prompt_text=whole.text, msg_chars=list(whole.message_starts_chars), msg_roles=roles)
 
 
+#: blocks scanned ahead of the one being read (each about 8 MB)
+SCAN_AHEAD_BLOCKS = 2
+
+
 def _scanned_blocks(src: Source, scan: Callable[[Any], Any], ahead: bool):
     """(first line, block, scan of the block) for each block of ``src``; with ``ahead`` each
-    block is copied out of the reader's buffer and scanned on the I/O pool while the caller
-    works on the one before."""
+    block is copied out of the reader's buffer and scanned on its own thread while the caller
+    works on the ones before."""
     if not ahead:
         for first, block in src.line_blocks():
             yield first, block, scan(block)
         return
-    from kvsim.io.workers import executor
+    from kvsim.io.workers import scan_ahead
 
-    pending = None
+    pending: deque = deque()
     for first, block in src.line_blocks():
         block = block.copy()
-        job = executor().submit(scan, block)
-        if pending is not None:
-            yield pending[0], pending[1], pending[2].result()
-        pending = (first, block, job)
-    if pending is not None:
-        yield pending[0], pending[1], pending[2].result()
+        pending.append((first, block, scan_ahead().submit(scan, block)))
+        if len(pending) > SCAN_AHEAD_BLOCKS:
+            first, block, job = pending.popleft()
+            yield first, block, job.result()
+    while pending:
+        first, block, job = pending.popleft()
+        yield first, block, job.result()
 
 
 def message_text(content: Any, where: str, ctx: LoadContext) -> str:
