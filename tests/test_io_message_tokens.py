@@ -207,6 +207,19 @@ def test_scanned_log_equals_whole_prompt_reading(tmp_path, jinja_templates, name
     assert_same_trace(fast, slow)
 
 
+@pytest.mark.parametrize("name", LOCAL)
+def test_compiled_gathering_equals_numpy_gathering(tmp_path, monkeypatch, name):
+    import kvsim.io.message_tokens as mt
+
+    path = multi_turn_log(tmp_path / "chat.jsonl", sessions=8, turns=5)
+    traces = []
+    for threshold in (0, 1 << 62):  # every batch compiled / none
+        monkeypatch.setattr(mt, "COMPILED_GATHER_TOKENS", threshold)
+        traces.append(outcome(path, scanner=True, chat_template=name))
+    assert_same_trace(*traces)
+    assert traces[0].msg_starts.size > 0  # messages were recorded
+
+
 # -- fuzzing: the scanner path against the general reader on the same bytes --------------------
 MESSAGE_KEYS = ['"messages"', '"messag\\u0065s"', '"role"', '"content"']
 JSONISH = '{}[]",:0123456789 \t\\u_rolecntsmag\xe9'

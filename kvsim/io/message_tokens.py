@@ -35,6 +35,8 @@ from kvsim.io.tokenizers import Tokenizer
 MAX_HELD_CHARS = 128 << 20
 #: characters of replies kept (as tokens) for the next turn's history; beyond it they are dropped
 MAX_REPLY_CHARS = 64 << 20
+#: batches of at least this many prompt tokens are gathered by compiled code (kvsim.io.gather)
+COMPILED_GATHER_TOKENS = 1 << 18
 
 
 class PieceRefs(NamedTuple):
@@ -253,8 +255,18 @@ class MessageTokens:
         handles = np.fromiter(chain.from_iterable(p.parts for p in prompts), np.int64, count=int(counts.sum()))
         begin = self._starts[handles]
         sizes = self._starts[handles + 1] - begin
+        first = 0 if self.head is None else 1
+        total = int(sizes.sum())
+        if total >= COMPILED_GATHER_TOKENS:
+            from kvsim.io.gather import gather_pieces
+
+            tokens = np.empty(total, self._flat.dtype)
+            lengths = np.empty(len(counts), np.int64)
+            msg_counts = counts - 1 - first
+            msg_starts = np.empty(int(msg_counts.sum()), np.int64)
+            gather_pieces(self._flat, self._starts, handles, counts, first, tokens, lengths, msg_starts)
+            return Packed(tokens, lengths, msg_counts, msg_starts)
         ends = np.cumsum(sizes)
-        total = int(ends[-1]) if len(ends) else 0
         # token t of the batch comes from flat[t + shift], shift constant within a piece
         shift = np.repeat(begin - (ends - sizes), sizes)
         tokens = self._flat[np.arange(total, dtype=np.int64) + shift]
@@ -262,7 +274,6 @@ class MessageTokens:
         lengths = np.diff(ends[last], prepend=0)
         # messages: the pieces after the head and before the tail; each starts where the
         # piece before it ends, the first at 0 (the head belongs to the first message)
-        first = 0 if self.head is None else 1
         local = np.arange(len(handles)) - np.repeat(last + 1 - counts, counts)  # piece index in its prompt
         is_msg = (local >= first) & (local < np.repeat(counts, counts) - 1)
         prompt_base = np.repeat(ends[last] - lengths, counts)
