@@ -131,24 +131,24 @@ def test_scanner_finds_messages_and_keys_equal_bytes_alike():
 
 
 def words_of(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    from kvsim.io.token_scan import as_words
+
     buf = np.frombuffer(data, np.uint8)
-    words = np.zeros(len(buf) // 8 + 3, np.uint64)
-    words.view(np.uint8)[:len(buf)] = buf
-    return buf, words
+    return buf, as_words(buf)
 
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.sampled_from([b"a", b'"', b"\\", b"{", b"}", b"[", b"]", b",", b" ", b"plain text",
                                   "\u00e9".encode()]), max_size=40).map(b"".join), st.integers(0, 79))
 def test_eight_byte_skipping_equals_the_byte_by_byte_scanner(data, start):
-    from kvsim.io import chat_scan, token_scan
+    from kvsim.io.token_scan import _skip_string, _skip_value
 
     data = b'"' + data if not data.startswith(b'"') else data
     buf, words = words_of(data)
     end = len(buf)
-    assert chat_scan._skip_string(buf, words, 0, end) == token_scan._skip_string(buf, 0, end)
+    assert _skip_string(buf, words, 0, end) == _skip_string(buf, None, 0, end)
     start = min(start, end)
-    assert chat_scan._skip_value(buf, words, start, end) == token_scan._skip_value(buf, start, end)
+    assert _skip_value(buf, words, start, end) == _skip_value(buf, None, start, end)
 
 
 @settings(max_examples=200, deadline=None)

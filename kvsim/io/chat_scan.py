@@ -23,11 +23,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kvsim.io.token_scan import BLANK, DECLINED, FAST, _is_key, _ws, line_bounds
+from kvsim.io.token_scan import (BLANK, DECLINED, FAST, _is_key, _skip_string, _skip_value, _word, _ws,
+                                  as_words, line_bounds)
 
 MESSAGES_KEY = np.frombuffer(b"messages", np.uint8)
 
-_QUOTE, _BACKSLASH, _COMMA, _COLON = 34, 92, 44, 58
+_QUOTE, _COMMA, _COLON = 34, 44, 58
 _FNV_PRIME = np.uint64(0x100000001B3)
 _GOLDEN, _K1, _K2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31, _ONE = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(1)
@@ -35,10 +36,6 @@ _S30, _S27, _S31, _ONE = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(
 _C1, _C2 = np.uint64(0x87C37B91114253D5), np.uint64(0x4CF5AD432745937F)
 _F1, _F2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
 _N1, _N2, _FIVE = np.uint64(0x52DCE729), np.uint64(0x38495AB5), np.uint64(5)
-# eight bytes at once: a byte equal to '"' or '\\' (SWAR zero-byte test)
-_ONES, _HIGHS = np.uint64(0x0101010101010101), np.uint64(0x8080808080808080)
-_QUOTES, _BACKSLASHES = np.uint64(0x2222222222222222), np.uint64(0x5C5C5C5C5C5C5C5C)
-_U3, _U8, _U64 = np.uint64(3), np.uint64(8), np.uint64(64)
 #: columns of ChatScan.elems: byte span, the element's key, the key of the messages up to it
 START, END, KEY1, KEY2, PREFIX1, PREFIX2 = range(6)
 _LBRACE, _RBRACE, _LBRACKET, _RBRACKET = 123, 125, 91, 93
@@ -57,17 +54,6 @@ def _mix(h):
 @njit(cache=True, inline="always")
 def _rotl(x, r):
     return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
-
-
-@njit(cache=True, inline="always")
-def _word(words, i):
-    """The eight bytes at byte offset i (any alignment) as a little-endian integer, from the
-    8-byte words of the same buffer (which extends at least 8 bytes past i + 8)."""
-    q = i >> 3
-    shift = np.uint64(i & 7) << _U3
-    if shift == 0:
-        return words[q]
-    return (words[q] >> shift) | (words[q + 1] << (_U64 - shift))
 
 
 @njit(cache=True, inline="always")
@@ -108,59 +94,6 @@ def _key(buf, words, a, b, row):
     h2 += h1
     row[KEY1] = np.int64(h1)
     row[KEY2] = np.int64(h2)
-
-
-@njit(cache=True, inline="always")
-def _plain8(words, i):
-    """Do the eight bytes at i hold no '"' and no backslash?"""
-    w = _word(words, i)
-    x, y = w ^ _QUOTES, w ^ _BACKSLASHES
-    return (((x - _ONES) & ~x) | ((y - _ONES) & ~y)) & _HIGHS == 0
-
-
-@njit(cache=True)
-def _skip_string(buf, words, i, end):
-    """buf[i] is a quote: (index after the closing quote or -1, whether it holds a backslash).
-    Eight bytes at a time where they hold neither a quote nor a backslash."""
-    i += 1
-    escaped = False
-    while i < end:
-        if i + 8 <= end and _plain8(words, i):
-            i += 8
-            continue
-        c = buf[i]
-        if c == _BACKSLASH:
-            escaped = True
-            i += 2
-            continue
-        if c == _QUOTE:
-            return i + 1, escaped
-        i += 1
-    return -1, escaped
-
-
-@njit(cache=True)
-def _skip_value(buf, words, i, end):
-    """Skip a non-string value; return the index of the ',' or '}' that ends it, or -1."""
-    depth = 0
-    while i < end:
-        c = buf[i]
-        if c == _QUOTE:
-            j, _ = _skip_string(buf, words, i, end)
-            if j < 0:
-                return -1
-            i = j
-            continue
-        if c == _LBRACE or c == _LBRACKET:
-            depth += 1
-        elif c == _RBRACE or c == _RBRACKET:
-            if depth == 0:
-                return i
-            depth -= 1
-        elif c == _COMMA and depth == 0:
-            return i
-        i += 1
-    return -1
 
 
 @njit(cache=True)
@@ -276,8 +209,7 @@ class ChatScan:
         self.spans = np.empty((n, 2), np.int64)
         counts = np.empty(n, np.int64)
         elems = np.empty((int(np.count_nonzero(block == _LBRACE)) + 1, 6), np.int64)  # every element opens a '{'
-        words = np.zeros(len(block) // 8 + 3, np.uint64)  # the block as 8-byte words, 16+ bytes to spare
-        words.view(np.uint8)[:len(block)] = block
+        words = as_words(block)
         rows = scan_chat_lines(block, words, bounds, self.status, self.spans, counts, elems)
         self.elems = elems[:rows]
         self.elem_offsets = np.zeros(n + 1, np.int64)
