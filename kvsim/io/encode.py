@@ -107,9 +107,8 @@ def encode_requests(batch: Sequence[PendingRequest], source: int, tok: Tokenizer
     packed = None
     if piecewise:
         assert pieces is not None, "prompts rendered in pieces need a PieceEncoder"
-        extra: dict = {} if plan is None else {"plan": plan}
-        if getattr(pieces, "packs", False) and len(piecewise) == n:
-            extra["pack"] = True
+        # a plan comes from MessageTokens, which can give the whole batch as one array
+        extra: dict = {} if plan is None else {"plan": plan, "pack": len(piecewise) == n}
         ids, starts, encoded_replies = pieces.encode([batch[i].prompt_pieces for i in piecewise],
                                                      [batch[i].reply for i in replies], **extra)
         if isinstance(ids, Packed):  # every prompt of the batch, already in one array

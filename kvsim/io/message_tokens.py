@@ -164,9 +164,6 @@ class MessageTokens:
         return Plan(first, stop, derived, list(texts), clear, self.tok.submit_arrays(todo) if todo else [])
 
     # -- on the tokenizing thread -----------------------------------------------------------
-    #: encode(..., pack=True, plan=...) is understood
-    packs = True
-
     def encode(self, prompts: Sequence[PieceRefs | RenderedPieces], texts: Sequence[str] = (), pack: bool = False,
                plan: Plan | None = None) -> tuple[list[np.ndarray] | Packed, list[list[int]], list[np.ndarray]]:
         """Token ids of each prompt, the token index where each of its messages starts, and
