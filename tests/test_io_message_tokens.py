@@ -130,6 +130,34 @@ def test_scanner_finds_messages_and_keys_equal_bytes_alike():
     assert data[ms:me] == b"[" + a + b" , " + b + b"]"
 
 
+def test_scanner_counts_the_messages_an_earlier_line_held_all_of():
+    from kvsim.io.chat_scan import LineLists
+
+    m = [b'{"role":"user","content":"%d"}' % i for i in range(6)]
+
+    def line(*idx, rest=b""):
+        return b'{"messages":[' + b",".join(m[i] for i in idx) + b"]" + rest + b"}"
+
+    lists = LineLists()
+    first = scan(b"\n".join([line(0), line(0, 1, 2), line(0, 1, 2, 3, 4), b'{"messages": [' + m[5] + b"]"]) + b"\n")
+    assert first.status.tolist() == [FAST, FAST, FAST, DECLINED]
+    first = ChatScan(np.frombuffer(first.data, np.uint8), lists)
+    assert [first.known(k) for k in range(3)] == [0, 1, 3]
+    after = [r[:2] for r in first.after_known(2)]
+    assert [first.data[a:b] for a, b in after] == [m[3], m[4]]
+    # later blocks see the lines of earlier ones; a line that was declined is not one of them
+    later = ChatScan(np.frombuffer(b"\n".join([line(0, 1), line(0, 1, 2, 3, 4), line(5), line(0, 1, 2, 5, 0)]),
+                                   np.uint8), lists)
+    assert [later.known(k) for k in range(4)] == [1, 5, 0, 3]
+    assert later.first_key(3, 3) == first.whole_key(1) and later.first_key(3, 1) == first.whole_key(0)
+    assert later.first_key(1, 5) == first.whole_key(2) and later.first_key(0, 1) == first.whole_key(0)
+    for k in range(4):
+        assert later.after_known(k) == [r[:4] for r in later.elements(k)[later.known(k):]]
+    lists.room(100_000)  # grown and rehashed: the same lines are known
+    again = ChatScan(np.frombuffer(line(0, 1, 2, 3, 4, 5), np.uint8), lists)
+    assert again.known(0) == 5 and len(lists.table) >= 200_000
+
+
 def words_of(data: bytes) -> tuple[np.ndarray, np.ndarray]:
     from kvsim.io.token_scan import as_words
 
@@ -269,3 +297,42 @@ def test_scanner_and_general_reader_agree_on_any_bytes(lines, template, on_error
             assert fast == general
         else:
             assert_same_trace(fast, general)
+
+
+# -- multi-turn logs whose lines the fast path does not all take ---------------------------
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(turns=st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["plain", "plain", "parts", "bad", "odd"])),
+                      min_size=1, max_size=12),
+       held=st.sampled_from([None, 1, 400]), template=st.sampled_from(LOCAL))
+def test_history_found_again_when_lines_in_between_are_read_otherwise(turns, held, template):
+    """Sessions whose turns are sometimes read by the general reader (a message that is not the
+    plain case, a bad record skipped, an unusual field) and a reader that forgets what it holds
+    (``held``, in batches of two requests): the scanner's count of known messages then points
+    at a line the fast path did not keep, and the reader looks for a shorter one. Same trace
+    as the general reader."""
+    import kvsim.io.readers.chat as chat_reader
+
+    histories: dict[int, list] = {}
+    lines = []
+    for k, (session, kind) in enumerate(turns):
+        history = histories.setdefault(session, [{"role": "system", "content": f"Be brief, {session}."}])
+        content = [{"type": "text", "text": f"q{k}"}] if kind == "parts" else f"question {k}"
+        history.append({"role": "user", "content": content})
+        record = {"messages": list(history), "response": f"answer {k}", "session_id": f"s{session}"}
+        if kind == "bad":
+            record["max_tokens"] = -1
+        if kind == "odd":
+            record["tenant"] = f"t{k % 2}"
+        lines.append(json.dumps(record))
+        history.append({"role": "assistant", "content": f"answer {k}"})
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "log.jsonl"
+        path.write_text("\n".join(lines) + "\n")
+        kw = dict(format="chat", tokenizer="bytes", chat_template=template, on_error="skip")
+        with pytest.MonkeyPatch.context() as mp:
+            if held is not None:
+                mp.setattr(chat_reader, "MAX_HELD_CHARS", held)
+                mp.setattr(ChatReader, "batch_requests", 2)
+            fast = outcome(path, scanner=True, **kw)
+        general = outcome(path, scanner=False, piecewise=False, **kw)
+        assert_same_trace(fast, general)

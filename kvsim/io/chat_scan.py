@@ -40,7 +40,7 @@ _N1, _N2, _FIVE = np.uint64(0x52DCE729), np.uint64(0x38495AB5), np.uint64(5)
 START, END, KEY1, KEY2, PREFIX1, PREFIX2 = range(6)
 _LBRACE, _RBRACE, _LBRACKET, _RBRACKET = 123, 125, 91, 93
 
-__all__ = ["BLANK", "DECLINED", "FAST", "ChatScan", "scan_chat_lines"]
+__all__ = ["BLANK", "DECLINED", "FAST", "ChatScan", "LineLists", "scan_chat_lines"]
 
 
 @njit(cache=True, inline="always")
@@ -178,39 +178,96 @@ def _scan_line(buf, words, start, end, elems, epos, span):
     return FAST, epos
 
 
+@njit(cache=True, inline="always")
+def _find(table, p1, p2):
+    """The slot of key (p1, p2) in the open-addressing ``table`` (rows: key, key, used), or
+    of the empty slot where it would go."""
+    mask = len(table) - 1
+    i = np.int64(np.uint64(p1) >> np.uint64(1)) & mask
+    while table[i, 2] and (table[i, 0] != p1 or table[i, 1] != p2):
+        i = (i + 1) & mask
+    return i
+
+
 @njit(cache=True, nogil=True)
-def scan_chat_lines(buf, words, bounds, status, spans, counts, elems):
+def scan_chat_lines(buf, words, bounds, status, spans, counts, elems, known, table, filled):
     """Scan lines ``buf[bounds[k]:bounds[k+1]]``: ``status[k]``, ``spans[k]`` (the messages
     array's start and end), ``counts[k]`` (its elements) and each element's byte span in
     ``elems`` (rows in line order). ``words``: the same bytes as 8-byte words, at least 16
-    bytes longer than the lines. Returns the rows written."""
+    bytes longer than the lines. ``known[k]``: how many of line k's first messages an
+    earlier accepted line held, all of them (``table``: the keys of those lines' message
+    lists, ``filled[0]`` of them; room for this block's lines is made by the caller).
+    Returns the rows written."""
     epos = 0
     for k in range(len(bounds) - 1):
         e0 = epos
         status[k], epos = _scan_line(buf, words, bounds[k], bounds[k + 1], elems, epos, spans[k])
         counts[k] = epos - e0
+        known[k] = 0
         p1 = p2 = np.uint64(0)
         for r in range(e0, epos):  # prefix keys: chained over the line's elements
             p1 = _mix(p1 * _GOLDEN + np.uint64(elems[r, KEY1]))
             p2 = _mix((p2 ^ np.uint64(elems[r, KEY2])) * _FNV_PRIME + _ONE)
             elems[r, PREFIX1] = np.int64(p1)
             elems[r, PREFIX2] = np.int64(p2)
+        if status[k] != FAST:
+            continue
+        for r in range(epos - 1, e0 - 1, -1):  # the longest prefix that was a whole line's list
+            if table[_find(table, elems[r, PREFIX1], elems[r, PREFIX2]), 2]:
+                known[k] = r - e0 + 1
+                break
+        i = _find(table, elems[epos - 1, PREFIX1], elems[epos - 1, PREFIX2])
+        if not table[i, 2]:
+            table[i, 0], table[i, 1], table[i, 2] = elems[epos - 1, PREFIX1], elems[epos - 1, PREFIX2], 1
+            filled[0] += 1
     return epos
+
+
+@njit(cache=True, nogil=True)
+def _rehash(old, new):
+    for i in range(len(old)):
+        if old[i, 2]:
+            j = _find(new, old[i, 0], old[i, 1])
+            new[j, 0], new[j, 1], new[j, 2] = old[i, 0], old[i, 1], 1
+
+
+class LineLists:
+    """The keys of the message lists of the lines scanned so far (one per read of a log, used
+    by one scanning thread at a time, block after block)."""
+
+    def __init__(self) -> None:
+        self.table = np.zeros((1 << 12, 3), np.int64)
+        self.filled = np.zeros(1, np.int64)
+
+    def room(self, lines: int) -> None:
+        """Grow the table (at most half full) for ``lines`` more keys."""
+        size = len(self.table)
+        while 2 * (int(self.filled[0]) + lines) > size:
+            size *= 2
+        if size != len(self.table):
+            table = np.zeros((size, 3), np.int64)
+            _rehash(self.table, table)
+            self.table = table
 
 
 class ChatScan:
     """The scan of one block of lines: per-line status, messages span and element spans
-    (``elem_offsets[k]:elem_offsets[k+1]`` are line k's rows of ``elems``)."""
+    (``elem_offsets[k]:elem_offsets[k+1]`` are line k's rows of ``elems``). ``lists``: the
+    message lists of the lines scanned before (those of earlier blocks of the same log)."""
 
-    def __init__(self, block: np.ndarray) -> None:
+    def __init__(self, block: np.ndarray, lists: LineLists | None = None) -> None:
+        lists = LineLists() if lists is None else lists
         self.bounds = bounds = line_bounds(block)
         n = len(bounds) - 1
         self.status = np.empty(n, np.int8)
         self.spans = np.empty((n, 2), np.int64)
         counts = np.empty(n, np.int64)
+        known = np.empty(n, np.int64)
         elems = np.empty((int(np.count_nonzero(block == _LBRACE)) + 1, 6), np.int64)  # every element opens a '{'
         words = as_words(block)
-        rows = scan_chat_lines(block, words, bounds, self.status, self.spans, counts, elems)
+        lists.room(n)
+        rows = scan_chat_lines(block, words, bounds, self.status, self.spans, counts, elems, known, lists.table,
+                               lists.filled)
         self.elems = elems[:rows]
         self.elem_offsets = np.zeros(n + 1, np.int64)
         np.cumsum(counts, out=self.elem_offsets[1:])
@@ -218,8 +275,20 @@ class ChatScan:
         self.data = block.tobytes()
         self._bounds = bounds.tolist()
         self._spans = self.spans.tolist()
-        self._elems = self.elems.tolist()
         self._offsets = self.elem_offsets.tolist()
+        # what the reader looks at on each accepted line (a few values, not every row):
+        # the key of its first known[k] messages and of all of them, and the rows after those
+        self._known = known.tolist()
+        firsts = self.elem_offsets[:-1]
+        lasts = np.maximum(self.elem_offsets[1:] - 1, 0)
+        keys = self.elems if rows else np.zeros((1, 6), np.int64)
+        self._lookup = [*zip(keys[np.maximum(firsts + known - 1, 0), PREFIX1].tolist(),
+                             keys[np.maximum(firsts + known - 1, 0), PREFIX2].tolist())]
+        self._whole = [*zip(keys[lasts, PREFIX1].tolist(), keys[lasts, PREFIX2].tolist())]
+        line_of = np.repeat(np.arange(n), counts)
+        after = np.arange(rows) - firsts[line_of] >= known[line_of]
+        self._after = self.elems[after, :KEY2 + 1].tolist()
+        self._after_offsets = np.concatenate([[0], np.cumsum(counts - known)]).tolist()
 
     def line(self, k: int) -> tuple[int, int]:
         """Byte span of line k (newline included)."""
@@ -232,7 +301,27 @@ class ChatScan:
     def elements(self, k: int) -> list[list[int]]:
         """Each message of line k (an accepted line): its byte span, key and prefix key
         (columns START ... PREFIX2)."""
-        return self._elems[self._offsets[k]:self._offsets[k + 1]]
+        return self.elems[self._offsets[k]:self._offsets[k + 1]].tolist()
+
+    def known(self, k: int) -> int:
+        """How many of line k's first messages were, all of them, an earlier accepted line's
+        (0 if none): the longest such prefix among the lines scanned before."""
+        return self._known[k]
+
+    def first_key(self, k: int, j: int) -> tuple[int, int]:
+        """The key of line k's first j messages (j >= 1)."""
+        if j == self._known[k]:
+            return self._lookup[k]
+        row = self._offsets[k] + j - 1
+        return int(self.elems[row, PREFIX1]), int(self.elems[row, PREFIX2])
+
+    def whole_key(self, k: int) -> tuple[int, int]:
+        """The key of all of line k's messages."""
+        return self._whole[k]
+
+    def after_known(self, k: int) -> list[list[int]]:
+        """Line k's messages after its first ``known(k)``: byte span and key (START ... KEY2)."""
+        return self._after[self._after_offsets[k]:self._after_offsets[k + 1]]
 
     def __len__(self) -> int:
         return len(self.status)

@@ -72,16 +72,18 @@ class PendingRequest:
         return n + (len(self.reply) if self.reply else 0)
 
 
-def plan_requests(batch: Sequence[PendingRequest], pieces: PieceEncoder | MessageTokens | None) -> Plan | None:
+def plan_requests(batch: Sequence[PendingRequest], pieces: PieceEncoder | MessageTokens | None,
+                  last: bool = False) -> Plan | None:
     """On the reading thread, once a batch is complete: start the tokenization its prompts in
     pieces need, when ``pieces`` plans ahead (:class:`MessageTokens`); give the plan to
-    :func:`encode_requests`. None when there is nothing to plan."""
+    :func:`encode_requests`. None when there is nothing to plan. ``last``: no batch follows
+    (the reading thread is done, so tokenization may take every core)."""
     if not hasattr(pieces, "plan"):
         return None
     prompts = [r.prompt_pieces for r in batch if r.prompt_pieces is not None]
     if not prompts:
         return None
-    return pieces.plan(prompts, [r.reply for r in batch if r.output_ids is None and r.reply is not None])
+    return pieces.plan(prompts, [r.reply for r in batch if r.output_ids is None and r.reply is not None], last)
 
 
 def encode_requests(batch: Sequence[PendingRequest], source: int, tok: Tokenizer | None,

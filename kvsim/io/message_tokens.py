@@ -76,7 +76,8 @@ class MessageTokens:
         self._count = 0  # pieces tokenized
         self.splits: dict[int, tuple[str, str, str]] = {}  # handle -> (before, message text, after)
         self.held = 0
-        self.replies: dict[str, np.ndarray] = {}  # reply text -> its tokens (the tokenizing thread's)
+        # reply text -> its tokens, and whether they hold no special token (the tokenizing thread's)
+        self.replies: dict[str, tuple[np.ndarray, bool]] = {}
         self._planned = 0                # pieces planned (the reading thread's)
         self._reply_texts: set[str] = set()  # the replies in self.replies once planned batches are done
         self._reply_chars = 0
@@ -136,15 +137,15 @@ class MessageTokens:
         return self.prompt(handles)
 
     # -- on the reading thread, once a batch is complete --------------------------------------
-    def plan(self, prompts: Sequence[PieceRefs | RenderedPieces], texts: Sequence[str] = ()) -> Plan:
+    def plan(self, prompts: Sequence[PieceRefs | RenderedPieces], texts: Sequence[str] = (),
+             last: bool = False) -> Plan:
         """Decide what the batch of ``prompts`` (with reply texts ``texts``) tokenizes and
-        start it in the background; :meth:`encode` of the same batch takes the plan."""
+        start it in the background; :meth:`encode` of the same batch takes the plan. ``last``:
+        no batch follows, so tokenization may take every core."""
         first = self._planned
-        # the pieces this batch needs and older ones: a newer piece may repeat a reply of a
-        # later batch, not tokenized yet
-        stop = max(first, max((max(p.parts) + 1 for p in prompts if isinstance(p, PieceRefs)), default=first))
-        with self._lock:
-            new = self.texts[first:stop]
+        with self._lock:  # every piece so far (the batch's lines are the last read)
+            new = self.texts[first:]
+            stop = first + len(new)
         clear = self._reply_chars > MAX_REPLY_CHARS
         if clear:
             self._reply_texts, self._reply_chars = set(), 0
@@ -161,7 +162,8 @@ class MessageTokens:
                 self._reply_chars += len(text)
         self._planned = stop
         todo = [*(text for text, d in zip(new, derived) if not d), *texts]
-        return Plan(first, stop, derived, list(texts), clear, self.tok.submit_arrays(todo) if todo else [])
+        ids = self.tok.submit_arrays(todo, every_core=last) if todo else []
+        return Plan(first, stop, derived, list(texts), clear, ids)
 
     # -- on the tokenizing thread -----------------------------------------------------------
     def encode(self, prompts: Sequence[PieceRefs | RenderedPieces], texts: Sequence[str] = (), pack: bool = False,
@@ -184,7 +186,7 @@ class MessageTokens:
         encoded = [*chain.from_iterable(f.result() for f in plan.ids)]
         reply_ids = encoded[len(encode):]
         self._keep_replies(texts, reply_ids)
-        arrays: list[np.ndarray | None] = [None] * len(new)
+        arrays: list[Any] = [None] * len(new)  # per new piece: its ids, or the parts they are joined from
         for k, a in zip(encode, encoded):
             arrays[k] = a
         missing = []
@@ -208,17 +210,26 @@ class MessageTokens:
         return ids, starts, reply_ids
 
     def _keep_replies(self, texts: Sequence[str], ids: Sequence[np.ndarray]) -> None:
-        for text, a in zip(texts, ids):
+        if not ids:
+            return
+        # which replies hold a special token's id (one pass over all of them)
+        lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
+        special = np.flatnonzero(np.concatenate(ids) >= self.tok.first_special_id) if self.tok.first_special_id else None
+        holds = (np.ones(len(ids), bool) if special is None
+                 else np.bincount(np.searchsorted(np.cumsum(lengths), special, "right"), minlength=len(ids)) > 0)
+        for text, a, h in zip(texts, ids, holds.tolist()):
             if text:
-                self.replies[text] = a
+                self.replies[text] = (a, not h)
 
-    def _assembled(self, h: int) -> np.ndarray | None:
-        """A piece's tokens from its template texts' and its reply's, if the joins are exact
-        (the one before the piece's ``after`` text is a cut before a special token)."""
+    def _assembled(self, h: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """A piece's tokens from its template texts' and its reply's (to be joined), if the
+        joins are exact (the one before the piece's ``after`` text is a cut before a special
+        token)."""
         before, text, after = self.splits.pop(h)
-        if not self.tok.joins(before, text):  # (a special token in the text is looked for: cheaper than its ids)
+        ids, plain = self.replies[text]
+        if not self.tok.joins(before, text, right_plain=plain):
             return None
-        return np.concatenate([self._constant(before), self.replies[text], self._constant(after)])
+        return self._constant(before), ids, self._constant(after)
 
     def _constant(self, text: str) -> np.ndarray:
         a = self.constants.get(text)
@@ -226,12 +237,15 @@ class MessageTokens:
             a = self.constants[text] = self.tok.encode_arrays([text])[0]
         return a
 
-    def _append(self, arrays: list[np.ndarray]) -> None:
-        """Store the ids of the next pieces (in handle order)."""
-        lengths = np.fromiter(map(len, arrays), np.int64, count=len(arrays))
+    def _append(self, arrays: list[np.ndarray | tuple[np.ndarray, ...]]) -> None:
+        """Store the ids of the next pieces (in handle order); a piece may come as the parts its
+        ids are joined from."""
+        lengths = np.fromiter((len(a) if type(a) is not tuple else sum(map(len, a)) for a in arrays), np.int64,
+                              count=len(arrays))
+        flat_parts = [*chain.from_iterable(a if type(a) is tuple else (a,) for a in arrays)]
         n, end = self._count, int(self._starts[self._count])
         need = end + int(lengths.sum())
-        wide = any(a.dtype != np.int32 for a in arrays)
+        wide = any(a.dtype != np.int32 for a in flat_parts)
         if need > len(self._flat) or (wide and self._flat.dtype == np.int32):
             flat = np.empty(max(need, 2 * len(self._flat)), np.int64 if wide else self._flat.dtype)
             flat[:end] = self._flat[:end]
@@ -240,8 +254,8 @@ class MessageTokens:
             starts = np.zeros(max(n + len(arrays) + 1, 2 * len(self._starts)), np.int64)
             starts[:n + 1] = self._starts[:n + 1]
             self._starts = starts
-        if arrays:
-            self._flat[end:need] = np.concatenate(arrays)
+        if flat_parts:
+            np.concatenate(flat_parts, out=self._flat[end:need])
         np.cumsum(lengths, out=self._starts[n + 1:n + 1 + len(arrays)])
         self._starts[n + 1:n + 1 + len(arrays)] += end
         self._count = n + len(arrays)

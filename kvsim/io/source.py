@@ -98,15 +98,17 @@ class Source:
                               lineno)
         return None if not text or text.isspace() else text  # (isspace stops at the first letter)
 
-    def line_blocks(self, size: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
-        """The file as blocks of whole lines: (number of the block's first line, bytes).
+    def line_blocks(self, size: int = BLOCK_BYTES, first: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """The file as blocks of whole lines: (number of the block's first line, bytes); the
+        first block of an uncompressed file holds about ``first`` bytes when given.
 
         Every block but the last ends with a newline. Compressed input is read line by line,
         exactly as :meth:`lines` reads it, so a broken stream fails at the same line.
         """
         stream, raw = self.open_binary()
         with raw, stream:
-            blocks = _plain_blocks(raw, size) if stream is raw else _stream_blocks(self.path, stream, size)
+            blocks = (_plain_blocks(raw, size, first or size) if stream is raw
+                      else _stream_blocks(self.path, stream, size))
             for first, block in blocks:
                 yield first, block
                 if self.progress is not None:
@@ -234,12 +236,14 @@ class Source:
                 pos += 1
 
 
-def _plain_blocks(raw: IO[bytes], size: int) -> Iterator[tuple[int, np.ndarray]]:
-    """Blocks of whole lines of an uncompressed file, read into one reused buffer."""
-    buf = np.empty(size, np.uint8)
-    filled, line = 0, 1
+def _plain_blocks(raw: IO[bytes], size: int, first: int) -> Iterator[tuple[int, np.ndarray]]:
+    """Blocks of whole lines of an uncompressed file, read into one reused buffer (the first
+    read fills ``first`` bytes of it at most)."""
+    buf = np.empty(max(size, first), np.uint8)
+    filled, line, limit = 0, 1, min(first, size)
     while True:
-        n = raw.readinto(memoryview(buf)[filled:])
+        n = raw.readinto(memoryview(buf)[filled:limit])
+        limit = len(buf)
         if not n:
             if filled:
                 yield line, buf[:filled]

@@ -55,14 +55,15 @@ class Tokenizer(ABC):
         """Token ids of each text as an integer array (what :meth:`encode` gives)."""
         return [_narrow(np.asarray(ids, np.int64)) for ids in self.encode_batch(texts)]
 
-    def submit_arrays(self, texts: Sequence[str]) -> list[Future]:
+    def submit_arrays(self, texts: Sequence[str], every_core: bool = False) -> list[Future]:
         """Start :meth:`encode_arrays` of ``texts`` on the I/O threads: futures of the arrays
         of consecutive slices of ``texts``. One core is left to the reading thread (on two
-        cores, one thread tokenizes: a second gained little and cost a third more CPU time)."""
+        cores, one thread tokenizes: a second gained little and cost a third more CPU time)
+        unless ``every_core`` (the reading thread has nothing left to do)."""
         from kvsim.io.workers import executor, workers
 
         return [executor().submit(self._arrays_here, chunk)
-                for chunk in _balanced_chunks(list(texts), max(1, workers() - 1))]
+                for chunk in _balanced_chunks(list(texts), workers() if every_core else max(1, workers() - 1))]
 
     def _arrays_here(self, texts: Sequence[str]) -> list[np.ndarray]:
         """:meth:`encode_arrays` on the calling thread alone."""

@@ -138,7 +138,7 @@ class JsonRequestReader(Reader):
                 continue
             batch, weight = self._take(reqs, batch, weight, ctx)
         if batch:
-            self._flush(batch, ctx)
+            self._flush(batch, ctx, last=True)
 
     def _take(self, reqs: list[PendingRequest], batch: list[PendingRequest], weight: int,
               ctx: LoadContext) -> tuple[list[PendingRequest], int]:
@@ -154,7 +154,9 @@ class JsonRequestReader(Reader):
             return [], 0
         return batch, weight
 
-    def _flush(self, batch: list[PendingRequest], ctx: LoadContext) -> None:
+    def _flush(self, batch: list[PendingRequest], ctx: LoadContext, last: bool = False) -> None:
+        """Tokenize a complete batch in the background (``last``: nothing is read after it, so
+        its tokenization may take every core)."""
         needs_tok = any(r.prompt_text is not None or r.prompt_pieces is not None
                         or (r.reply is not None and r.output_ids is None) for r in batch)
         tok = ctx.tokenizer if needs_tok else None
@@ -162,7 +164,7 @@ class JsonRequestReader(Reader):
         pieces = self.piece_encoder(ctx) if needs_tok else None
         if needs_tok:
             ctx.used_tokenizer = True
-        plan = plan_requests(batch, pieces) if needs_tok else None
+        plan = plan_requests(batch, pieces, last) if needs_tok else None
         if ctx.executor is not None:  # tokenize in the background while parsing goes on
             ctx.builder.add(ctx.executor.submit(encode_requests, batch, ctx.source_index, tok, eot, pieces, plan))
         else:
@@ -210,7 +212,7 @@ class JsonRequestReader(Reader):
             if ctx.full():
                 break
         if batch:
-            self._flush(batch, ctx)
+            self._flush(batch, ctx, last=True)
         return True
 
     def general_requests(self, data: bytes, line: int, src: Source, ctx: LoadContext) -> list[PendingRequest] | None:
@@ -264,6 +266,8 @@ class JsonRequestReader(Reader):
 
 #: blocks scanned ahead of the one being read (each about 8 MB)
 SCAN_AHEAD_BLOCKS = 2
+#: bytes of the first block scanned ahead (small: the reading thread waits for its scan)
+FIRST_BLOCK_BYTES = 1 << 20
 
 
 def _scanned_blocks(src: Source, scan: Callable[[Any], Any], ahead: bool):
@@ -277,7 +281,7 @@ def _scanned_blocks(src: Source, scan: Callable[[Any], Any], ahead: bool):
     from kvsim.io.workers import scan_ahead
 
     pending: deque = deque()
-    for first, block in src.line_blocks():
+    for first, block in src.line_blocks(first=FIRST_BLOCK_BYTES):
         block = block.copy()
         pending.append((first, block, scan_ahead().submit(scan, block)))
         if len(pending) > SCAN_AHEAD_BLOCKS:

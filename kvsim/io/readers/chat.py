@@ -108,8 +108,8 @@ class ChatReader(JsonRequestReader):
         store = self.store(ctx)
         return ctx.pieces if store is None else store
 
-    def _flush(self, batch: list[PendingRequest], ctx: LoadContext) -> None:
-        super()._flush(batch, ctx)
+    def _flush(self, batch: list[PendingRequest], ctx: LoadContext, last: bool = False) -> None:
+        super()._flush(batch, ctx, last)
         store = self._store
         if self._held + (store.held if store else 0) > MAX_HELD_CHARS:
             self._store = False  # queued batches keep the old store
@@ -121,9 +121,10 @@ class ChatReader(JsonRequestReader):
 
     # -- the fast path --------------------------------------------------------------------
     def _read_fast(self, src: Source, ctx: LoadContext) -> bool:
-        from kvsim.io.chat_scan import ChatScan
+        from kvsim.io.chat_scan import ChatScan, LineLists
 
-        return self.read_scanned(src, ctx, ChatScan, self._fast_requests, ahead=True)
+        lists = LineLists()  # the message lists of the lines scanned so far
+        return self.read_scanned(src, ctx, lambda block: ChatScan(block, lists), self._fast_requests, ahead=True)
 
     def _fast_requests(self, block, scan, k: int, line: int, ctx: LoadContext) -> list[PendingRequest] | None:
         """The request of a scanned line, or None if the general reader must read it."""
@@ -157,20 +158,21 @@ class ChatReader(JsonRequestReader):
         """Line k's messages, reusing the longest sequence of them seen before: their role
         codes and piece handles, or without a store their role names and (role, content)
         pairs; None if a message is not the plain case."""
-        rows = scan.elements(k)  # (start, end, key, key, prefix key, prefix key) per message
         prefixes = self._prefixes
-        j, known = len(rows), None
-        while j:
-            row = rows[j - 1]
-            known = prefixes.get((row[4], row[5]))
-            if known is not None:
-                break
-            j -= 1
-        if j == len(rows):
+        j = scan.known(k)  # the longest prefix that was a whole line's messages, as scanned
+        known = prefixes.get(scan.first_key(k, j)) if j else None
+        if known is not None:
+            rows = scan.after_known(k)
+        else:  # that line was not read here (or was forgotten): look for a shorter one
+            while known is None and j > 1:
+                j -= 1
+                known = prefixes.get(scan.first_key(k, j))
+            rows = scan.elements(k)[j if known is not None else 0:]
+        if not rows:
             return known
         seen, data = self._seen, scan.data
         names, parts = [], []
-        for start, end, key1, key2, _, _ in rows[j:]:
+        for start, end, key1, key2, *_ in rows:
             m = seen.get((key1, key2), _UNSEEN)
             if m is _UNSEEN:
                 m = seen[key1, key2] = self._parse_message(data[start:end], store)
@@ -182,8 +184,7 @@ class ChatReader(JsonRequestReader):
         if store is not None:  # coded once the line is sure to be read here, in order of appearance
             names = ctx.builder.roles.codes(names)
         found = ([*known[0], *names], [*known[1], *parts]) if known is not None else (names, parts)
-        last = rows[-1]
-        prefixes[last[4], last[5]] = found
+        prefixes[scan.whole_key(k)] = found
         self._held += 16 * len(found[1])
         return found
 
