@@ -335,7 +335,14 @@ def bench_chat(files: dict, runs: int) -> list[dict]:
         same_out = len(outputs) == len(trace) and all(
             o is None or np.array_equal(trace.output(i)[:-1], o) for i, o in enumerate(outputs))
         tokens = trace.num_prompt_tokens
+        lines = path.read_bytes().splitlines()  # the JSON decoders kvsim's chat path can use, on whole lines
+        import msgspec
+
+        decode = msgspec.json.Decoder().decode
+        (json_s, msgspec_s), _ = interleaved(
+            [lambda: [json.loads(x) for x in lines], lambda: [decode(x) for x in lines]], runs)
         rows.append({"log": name, "bytes": path.stat().st_size, "requests": len(trace), "prompt_tokens": tokens,
+                     "json_loads_s": json_s, "msgspec_s": msgspec_s,
                      "loop_s": loop_s, "reply_loop_s": reply_loop_s, "kvsim_s": kv_s,
                      "loop_mtok_s": tokens / loop_s / 1e6, "kvsim_mtok_s": tokens / kv_s / 1e6,
                      "ratio": loop_s / kv_s, "ratio_reply_loop": reply_loop_s / kv_s,

@@ -200,3 +200,16 @@ def test_fast_and_general_readers_agree_on_any_bytes(lines, ending, on_error, gz
     data = ending.join([b'{"prompt_token_ids": [7, 8]}', *lines]) + ending
     assert_same_outcome(gzip.compress(data) if gz else data, name="log.jsonl.gz" if gz else "log.jsonl",
                         format="tokens", on_error=on_error, limit=limit)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([b"\n", b"a", b"\n\n", b"abcdefgh", b"\r\n", b"\x8a"]), max_size=40).map(b"".join),
+       st.integers(0, 7))
+def test_line_bounds_eight_bytes_at_a_time_equal_newline_positions(data, skip):
+    from kvsim.io.token_scan import line_bounds
+
+    buf = np.frombuffer(b"#" * skip + data, np.uint8)[skip:]  # any alignment
+    expected = [0, *(np.flatnonzero(buf == 10) + 1).tolist()]
+    if len(buf) and buf[-1] != 10:
+        expected.append(len(buf))  # a last line without a newline
+    assert line_bounds(buf).tolist() == expected

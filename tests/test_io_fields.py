@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsim.io.fields import _PLAIN_KEYS, BadRecord, _all_fields, _plain_fields, common_fields
-from kvsim.io.source import plain_json
+from kvsim.io.source import plain_json, plain_json_bytes
 
 values = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
@@ -73,3 +73,49 @@ def test_plain_json_reads_what_json_loads_reads(text, tail):
         assert expected == ("value", got)
     elif expected is not None and expected[1] is not None:  # it declines only leading whitespace (or null)
         assert text[:1] in " \t\n\r"
+
+
+def strict(value) -> str:
+    """A value's JSON with its types (1 and 1.0 differ; lone surrogates escaped)."""
+    return json.dumps(value, ensure_ascii=True)
+
+
+json_bytes = st.one_of(
+    st.tuples(json_texts, st.booleans()).map(lambda t: json.dumps(json.loads(t[0]), ensure_ascii=t[1])
+                                             if t[0][:1] in "[{\"" and _loads_or_none(t[0]) is not None
+                                             else t[0]).map(lambda t: t.encode("utf-8", "surrogatepass")),
+    st.lists(st.sampled_from([b'"', b"\\ud800", b"\\udc00", b"\\u00e9", b"\\n", b"1e400", b"-0", b"1.5",
+                              b"123456789012345678901234567890", b"NaN", b"Infinity", b"\xc3\xa9", b"\xff",
+                              b"\xed\xa0\x80",
+                              b"[", b"]", b"{", b"}", b":", b",", b" ", b"\x00", b"a", b"0"]),
+             max_size=12).map(b"".join))
+
+
+def _loads_or_none(text):
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+@settings(max_examples=3000, deadline=None)
+@given(json_bytes, st.sampled_from([b"", b" ", b"\n", b"\r\n", b"x", b",1", b"\xff"]))
+def test_plain_json_bytes_reads_what_json_loads_reads(raw, tail):
+    raw += tail
+    try:
+        expected = ("value", strict(json.loads(raw.decode("utf-8"))))
+    except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
+        expected = None
+    got = plain_json_bytes(raw)
+    if got is not None:  # whatever it reads, json.loads reads the same, types included
+        assert expected == ("value", strict(got))
+    elif expected is not None and expected[1] != "null":  # it declines only leading whitespace (or null)
+        assert raw[:1] in b" \t\n\r"
+
+
+def test_plain_json_bytes_falls_back_where_the_fast_decoder_refuses():
+    # what json.loads reads but msgspec refuses: lone surrogates, NaN, floats out of range
+    for raw in [b'{"a": "\\ud800"}', b'{"a": NaN}', b'{"a": 1e400}', b'[Infinity]']:
+        assert strict(plain_json_bytes(raw)) == strict(json.loads(raw))
+    assert plain_json_bytes(b"\xff") is None and plain_json_bytes(b' {"a": 1}') is None
+    assert plain_json_bytes(b'{"n": 123456789012345678901234567890}') == {"n": 123456789012345678901234567890}

@@ -214,7 +214,8 @@ class MessageTokens:
             return
         # which replies hold a special token's id (one pass over all of them)
         lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
-        special = np.flatnonzero(np.concatenate(ids) >= self.tok.first_special_id) if self.tok.first_special_id else None
+        low = self.tok.first_special_id
+        special = np.flatnonzero(np.concatenate(ids) >= low) if low else None
         holds = (np.ones(len(ids), bool) if special is None
                  else np.bincount(np.searchsorted(np.cumsum(lengths), special, "right"), minlength=len(ids)) > 0)
         for text, a, h in zip(texts, ids, holds.tolist()):

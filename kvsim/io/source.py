@@ -6,6 +6,7 @@ where it applies, the line. Lines that cannot be decoded or parsed are *yielded*
 """
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import json
@@ -318,6 +319,36 @@ def plain_json(text: str) -> Any | None:
     if end != len(text) and text[end:].strip(" \t\n\r"):
         return None
     return value
+
+
+_JSON_SPACE = frozenset(b" \t\n\r")
+
+
+def plain_json_bytes(raw: bytes) -> Any | None:
+    """:func:`plain_json` of UTF-8 bytes (None also for bytes that are not UTF-8).
+
+    msgspec's decoder reads them first, about twice as fast as the C scanner behind
+    ``json.loads``: where it succeeds it gives what ``json.loads`` gives (the same values and
+    types, integers of any size included), and what it refuses (lone surrogates, NaN, floats
+    out of range, ...) is read by :func:`plain_json` (``tests/test_io_fields.py``)."""
+    if not raw or raw[0] in _JSON_SPACE:
+        return None
+    try:
+        return _msgspec_decode()(raw)
+    except Exception:  # noqa: BLE001 (msgspec's DecodeError, ValidationError: the usual reader decides)
+        pass
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return plain_json(text)
+
+
+@functools.lru_cache(maxsize=1)
+def _msgspec_decode():
+    import msgspec.json
+
+    return msgspec.json.Decoder().decode
 
 
 def parse_json(text: str) -> Any | _JsonProblem:

@@ -264,20 +264,41 @@ def scan_lines(buf, bounds, tokens, outs, status, spans, counts):
     return tpos, opos, top
 
 
+_NEWLINES = np.uint64(0x0A0A0A0A0A0A0A0A)
+
+
+@njit(cache=True, inline="always")
+def _newline_in(w):
+    """Does the 8-byte word hold a newline? (SWAR zero-byte test)"""
+    x = w ^ _NEWLINES
+    return ((x - _ONES) & ~x & _HIGHS) != 0
+
+
 @njit(cache=True, nogil=True)
 def line_bounds(buf):
     """Start of every line of ``buf`` plus len(buf): line k is buf[b[k]:b[k+1]], newline included."""
     n = len(buf)
+    m = n - (n & 7)
+    words = buf[:m].view(np.uint64)  # eight bytes at a time where they hold no newline
     count = 0
-    for i in range(n):
-        if buf[i] == 10:
-            count += 1
+    for q in range(len(words)):
+        if _newline_in(words[q]):
+            for i in range(8 * q, 8 * q + 8):
+                count += buf[i] == 10
+    for i in range(m, n):
+        count += buf[i] == 10
     if n > 0 and buf[n - 1] != 10:
         count += 1  # a last line without a newline
     out = np.empty(count + 1, np.int64)
     out[0] = 0
     k = 1
-    for i in range(n):
+    for q in range(len(words)):
+        if _newline_in(words[q]):
+            for i in range(8 * q, 8 * q + 8):
+                if buf[i] == 10:
+                    out[k] = i + 1
+                    k += 1
+    for i in range(m, n):
         if buf[i] == 10:
             out[k] = i + 1
             k += 1

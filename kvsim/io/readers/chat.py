@@ -19,7 +19,7 @@ from kvsim.io.encode import PendingRequest
 from kvsim.io.fields import BadRecord, common_fields, kind
 from kvsim.io.message_tokens import MAX_HELD_CHARS, MessageTokens
 from kvsim.io.readers.base import JsonRequestReader, LoadContext, message_text
-from kvsim.io.source import UTF8_BOM, Source, plain_json
+from kvsim.io.source import UTF8_BOM, Source, plain_json_bytes
 
 _UNSEEN = object()
 
@@ -133,7 +133,7 @@ class ChatReader(JsonRequestReader):
         if line == 1 and rest.startswith(UTF8_BOM):
             return None
         try:
-            rec = plain_json(rest.decode("utf-8"))
+            rec = plain_json_bytes(rest)
             if type(rec) is not dict:
                 return None
             fields = common_fields(rec)
@@ -190,10 +190,7 @@ class ChatReader(JsonRequestReader):
 
     @staticmethod
     def _parse_message(raw: bytes, store: MessageTokens | None) -> tuple[str, str, int | None] | None:
-        try:
-            m = plain_json(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            return None
+        m = plain_json_bytes(raw)
         plain = _plain_message(m)
         if plain is None:
             return None
