@@ -110,11 +110,18 @@ class MessageTokens:
         self.held += len(text)
         return h
 
-    def prompt(self, handles: Sequence[int]) -> PieceRefs:
-        """The prompt whose messages' pieces are ``handles``."""
-        parts = [*([] if self.head is None else [self.head]), *handles, self.tail]
-        chars = self.chars
-        return PieceRefs(parts, sum([chars[h] for h in parts]))
+    def prompt(self, handles: Sequence[int], chars: int | None = None) -> PieceRefs:
+        """The prompt whose messages' pieces are ``handles`` (``chars``: those pieces'
+        characters, when the caller knows them)."""
+        if self.head is None:
+            parts = [*handles, self.tail]
+            ends = self.chars[self.tail]
+        else:
+            parts = [self.head, *handles, self.tail]
+            ends = self.chars[self.head] + self.chars[self.tail]
+        if chars is None:
+            chars = sum([self.chars[h] for h in handles])
+        return PieceRefs(parts, chars + ends)
 
     def message(self, role: str, content: str) -> int | None:
         """The handle of a message's piece (None: it cannot be cut apart)."""

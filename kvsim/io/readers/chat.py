@@ -71,11 +71,13 @@ class ChatReader(JsonRequestReader):
         self._forget()
 
     def _forget(self) -> None:
-        # a message's key (kvsim.io.chat_scan) -> (role, content, handle of its piece or None),
-        # or None when it is not the plain case (its lines are read by the general reader)
-        self._seen: dict[tuple[int, int], tuple[str, str, int | None] | None] = {}
-        # the key of a line's first j messages -> their roles and handles (or (role, content) pairs)
-        self._prefixes: dict[tuple[int, int], tuple[list[str], list]] = {}
+        # a message's key (kvsim.io.chat_scan) -> (role, content, handle of its piece or None,
+        # the piece's characters), or None when it is not the plain case (its lines are read by
+        # the general reader)
+        self._seen: dict[tuple[int, int], tuple[str, str, int | None, int] | None] = {}
+        # the key of a line's first j messages -> their roles, handles (or (role, content) pairs)
+        # and the characters of their pieces
+        self._prefixes: dict[tuple[int, int], tuple[list, list, int]] = {}
         self._held = 0  # bytes held by the two
 
     @classmethod
@@ -143,21 +145,21 @@ class ChatReader(JsonRequestReader):
         found = self._messages(scan, k, store, ctx)
         if found is None:
             return None
-        roles, parts = found
+        roles, parts, chars = found
         if store is None:
             try:
                 prompt = self.chat_prompt(parts, ctx)
             except BadRecord:
                 return None
         else:
-            prompt = dict(prompt_pieces=store.prompt(parts), msg_roles=roles)
+            prompt = dict(prompt_pieces=store.prompt(parts, chars), msg_roles=roles)
             ctx.used_template = True
         return [self.pending(fields, ctx, reply_eot=True, **prompt)]
 
-    def _messages(self, scan, k: int, store: MessageTokens | None, ctx: LoadContext) -> tuple[list, list] | None:
+    def _messages(self, scan, k: int, store: MessageTokens | None, ctx: LoadContext) -> tuple[list, list, int] | None:
         """Line k's messages, reusing the longest sequence of them seen before: their role
-        codes and piece handles, or without a store their role names and (role, content)
-        pairs; None if a message is not the plain case."""
+        codes, piece handles and the characters of those pieces, or without a store their role
+        names and (role, content) pairs (and 0); None if a message is not the plain case."""
         prefixes = self._prefixes
         j = scan.known(k)  # the longest prefix that was a whole line's messages, as scanned
         known = prefixes.get(scan.first_key(k, j)) if j else None
@@ -171,7 +173,7 @@ class ChatReader(JsonRequestReader):
         if not rows:
             return known
         seen, data = self._seen, scan.data
-        names, parts = [], []
+        names, parts, chars = [], [], 0
         for start, end, key1, key2, *_ in rows:
             m = seen.get((key1, key2), _UNSEEN)
             if m is _UNSEEN:
@@ -180,21 +182,28 @@ class ChatReader(JsonRequestReader):
             if m is None:
                 return None
             names.append(m[0])
-            parts.append((m[0], m[1]) if store is None else m[2])
+            if store is None:
+                parts.append((m[0], m[1]))
+            else:
+                parts.append(m[2])
+                chars += m[3]
         if store is not None:  # coded once the line is sure to be read here, in order of appearance
             names = ctx.builder.roles.codes(names)
-        found = ([*known[0], *names], [*known[1], *parts]) if known is not None else (names, parts)
+        found = ((names, parts, chars) if known is None
+                 else ([*known[0], *names], [*known[1], *parts], known[2] + chars))
         prefixes[scan.whole_key(k)] = found
         self._held += 16 * len(found[1])
         return found
 
     @staticmethod
-    def _parse_message(raw: bytes, store: MessageTokens | None) -> tuple[str, str, int | None] | None:
+    def _parse_message(raw: bytes, store: MessageTokens | None) -> tuple[str, str, int | None, int] | None:
+        """(role, content, the handle of its piece and the piece's characters), or None if
+        the message is not the plain case or its piece cannot be cut apart."""
         m = plain_json_bytes(raw)
         plain = _plain_message(m)
         if plain is None:
             return None
         if store is None:
-            return (*plain, None)
+            return (*plain, None, 0)
         h = store.message(*plain)
-        return None if h is None else (*plain, h)
+        return None if h is None else (*plain, h, store.chars[h])
