@@ -272,7 +272,8 @@ class ChatScan:
         self.elem_offsets = np.zeros(n + 1, np.int64)
         np.cumsum(counts, out=self.elem_offsets[1:])
 
-        self.data = block.tobytes()
+        whole = type(block.base) is bytes and len(block.base) == len(block)  # bytes already: no second copy
+        self.data = block.base if whole else block.tobytes()
         self._bounds = bounds.tolist()
         self._spans = self.spans.tolist()
         self._offsets = self.elem_offsets.tolist()

@@ -116,8 +116,10 @@ def _skip_value(buf, words, i, end):
 
 def as_words(block: np.ndarray) -> np.ndarray:
     """A copy of ``block`` as 8-byte words, 16 bytes or more to spare (for ``words`` above)."""
-    words = np.zeros(len(block) // 8 + 3, np.uint64)
-    words.view(np.uint8)[:len(block)] = block
+    words = np.empty(len(block) // 8 + 3, np.uint64)
+    raw = words.view(np.uint8)
+    raw[:len(block)] = block
+    raw[len(block):] = 0
     return words
 
 

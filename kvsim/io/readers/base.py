@@ -8,6 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Mapping
 
+import numpy as np
+
 from kvsim.errors import InputError
 from kvsim.io.builder import TraceBuilder
 from kvsim.io.encode import PendingRequest, encode_requests, plan_requests
@@ -285,7 +287,7 @@ def _scanned_blocks(src: Source, scan: Callable[[Any], Any], ahead: bool):
 
     pending: deque = deque()
     for first, block in src.line_blocks(first=FIRST_BLOCK_BYTES):
-        block = block.copy()
+        block = np.frombuffer(block.tobytes(), np.uint8)  # out of the reader's buffer, as bytes (block.base)
         pending.append((first, block, scan_ahead().submit(scan, block)))
         if len(pending) > SCAN_AHEAD_BLOCKS:
             first, block, job = pending.popleft()
