@@ -35,6 +35,7 @@ class LoadContext:
     source_index: int = 0
     skipped: int = 0                          # bad lines skipped in the current file
     requests: int = 0                         # requests read so far (all files)
+    batches: int = 0                          # batches handed to tokenization so far
     notes: list[str] = field(default_factory=list)
     counts: Counter = field(default_factory=Counter)  # aggregated notes: text -> count
     used_tokenizer: bool = False
@@ -115,6 +116,11 @@ class Reader(ABC):
         """Read the file and add its requests to ``ctx.builder``."""
 
 
+#: the first batches are smaller (halved this many times, then less and less), so that
+#: tokenization starts soon after reading does
+RAMP_BATCHES = 3
+
+
 class JsonRequestReader(Reader):
     """A JSON-lines format whose record holds one (or a few) text or token requests."""
 
@@ -151,7 +157,8 @@ class JsonRequestReader(Reader):
         ctx.requests += len(reqs)
         batch.extend(reqs)
         weight += reqs[0].weight if len(reqs) == 1 else sum(r.weight for r in reqs)
-        if len(batch) >= self.batch_requests or weight >= self.batch_weight:
+        smaller = max(0, RAMP_BATCHES - ctx.batches)  # the first batches: 1/8, 1/4, 1/2 of the size
+        if len(batch) >= self.batch_requests >> smaller or weight >= self.batch_weight >> smaller:
             self._flush(batch, ctx)
             return [], 0
         return batch, weight
@@ -167,6 +174,7 @@ class JsonRequestReader(Reader):
         if needs_tok:
             ctx.used_tokenizer = True
         plan = plan_requests(batch, pieces, last) if needs_tok else None
+        ctx.batches += 1
         if ctx.executor is not None:  # tokenize in the background while parsing goes on
             ctx.builder.add(ctx.executor.submit(encode_requests, batch, ctx.source_index, tok, eot, pieces, plan))
         else:
