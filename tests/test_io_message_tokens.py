@@ -142,20 +142,22 @@ def test_scanner_counts_the_messages_an_earlier_line_held_all_of():
     first = scan(b"\n".join([line(0), line(0, 1, 2), line(0, 1, 2, 3, 4), b'{"messages": [' + m[5] + b"]"]) + b"\n")
     assert first.status.tolist() == [FAST, FAST, FAST, DECLINED]
     first = ChatScan(np.frombuffer(first.data, np.uint8), lists)
-    assert [first.known(k) for k in range(3)] == [0, 1, 3]
-    after = [r[:2] for r in first.after_known(2)]
+    assert [first.history(k)[0] for k in range(3)] == [0, 1, 3]
+    after = [r[:2] for r in first.history(2)[2]]
     assert [first.data[a:b] for a, b in after] == [m[3], m[4]]
     # later blocks see the lines of earlier ones; a line that was declined is not one of them
     later = ChatScan(np.frombuffer(b"\n".join([line(0, 1), line(0, 1, 2, 3, 4), line(5), line(0, 1, 2, 5, 0)]),
                                    np.uint8), lists)
-    assert [later.known(k) for k in range(4)] == [1, 5, 0, 3]
-    assert later.first_key(3, 3) == first.whole_key(1) and later.first_key(3, 1) == first.whole_key(0)
-    assert later.first_key(1, 5) == first.whole_key(2) and later.first_key(0, 1) == first.whole_key(0)
+    known, whole = [later.history(k)[0] for k in range(4)], [first.history(k)[3] for k in range(3)]
+    assert known == [1, 5, 0, 3]
+    assert later.first_key(3, 3) == whole[1] and later.first_key(3, 1) == whole[0]
+    assert later.first_key(1, 5) == whole[2] and later.first_key(0, 1) == whole[0]
+    assert [later.history(k)[1] for k in (0, 1, 3)] == [whole[0], whole[2], whole[1]]
     for k in range(4):
-        assert later.after_known(k) == [r[:4] for r in later.elements(k)[later.known(k):]]
+        assert later.history(k)[2] == [r[:4] for r in later.elements(k)[known[k]:]]
     lists.room(100_000)  # grown and rehashed: the same lines are known
     again = ChatScan(np.frombuffer(line(0, 1, 2, 3, 4, 5), np.uint8), lists)
-    assert again.known(0) == 5 and len(lists.table) >= 200_000
+    assert again.history(0)[0] == 5 and len(lists.table) >= 200_000
 
 
 def words_of(data: bytes) -> tuple[np.ndarray, np.ndarray]:

@@ -285,15 +285,12 @@ class ChatScan:
         keys = self.elems if rows else np.zeros((1, 6), np.int64)
         self._lookup = [*zip(keys[np.maximum(firsts + known - 1, 0), PREFIX1].tolist(),
                              keys[np.maximum(firsts + known - 1, 0), PREFIX2].tolist())]
-        self._whole = [*zip(keys[lasts, PREFIX1].tolist(), keys[lasts, PREFIX2].tolist())]
+        whole = zip(keys[lasts, PREFIX1].tolist(), keys[lasts, PREFIX2].tolist())
         line_of = np.repeat(np.arange(n), counts)
-        after = np.arange(rows) - firsts[line_of] >= known[line_of]
-        self._after = self.elems[after, :KEY2 + 1].tolist()
-        self._after_offsets = np.concatenate([[0], np.cumsum(counts - known)]).tolist()
-
-    def line(self, k: int) -> tuple[int, int]:
-        """Byte span of line k (newline included)."""
-        return self._bounds[k], self._bounds[k + 1]
+        after = self.elems[np.arange(rows) - firsts[line_of] >= known[line_of], :KEY2 + 1].tolist()
+        ends = np.cumsum(counts - known).tolist()
+        after_rows = [after[a:b] for a, b in zip([0, *ends], ends)]
+        self._history = [*zip(self._known, self._lookup, after_rows, whole)]
 
     def span(self, k: int) -> tuple[int, int]:
         """Byte span of line k's messages array (an accepted line)."""
@@ -304,10 +301,17 @@ class ChatScan:
         (columns START ... PREFIX2)."""
         return self.elems[self._offsets[k]:self._offsets[k + 1]].tolist()
 
-    def known(self, k: int) -> int:
-        """How many of line k's first messages were, all of them, an earlier accepted line's
-        (0 if none): the longest such prefix among the lines scanned before."""
-        return self._known[k]
+    def rest(self, k: int) -> bytes:
+        """Line k with its messages array replaced by a 0 (an accepted line)."""
+        data, bounds, (start, end) = self.data, self._bounds, self._spans[k]
+        return data[bounds[k]:start] + b"0" + data[end:bounds[k + 1]]
+
+    def history(self, k: int) -> tuple[int, tuple[int, int], list[list[int]], tuple[int, int]]:
+        """What an accepted line k holds of the lines scanned before it: how many of its first
+        messages were, all of them, an earlier line's (0 if none: the longest such prefix),
+        their key, the messages after them (byte span and key, columns START ... KEY2) and the
+        key of all its messages."""
+        return self._history[k]
 
     def first_key(self, k: int, j: int) -> tuple[int, int]:
         """The key of line k's first j messages (j >= 1)."""
@@ -315,14 +319,6 @@ class ChatScan:
             return self._lookup[k]
         row = self._offsets[k] + j - 1
         return int(self.elems[row, PREFIX1]), int(self.elems[row, PREFIX2])
-
-    def whole_key(self, k: int) -> tuple[int, int]:
-        """The key of all of line k's messages."""
-        return self._whole[k]
-
-    def after_known(self, k: int) -> list[list[int]]:
-        """Line k's messages after its first ``known(k)``: byte span and key (START ... KEY2)."""
-        return self._after[self._after_offsets[k]:self._after_offsets[k + 1]]
 
     def __len__(self) -> int:
         return len(self.status)

@@ -130,8 +130,7 @@ class ChatReader(JsonRequestReader):
 
     def _fast_requests(self, block, scan, k: int, line: int, ctx: LoadContext) -> list[PendingRequest] | None:
         """The request of a scanned line, or None if the general reader must read it."""
-        data, (a, b), (ms, me) = scan.data, scan.line(k), scan.span(k)
-        rest = data[a:ms] + b"0" + data[me:b]  # the line with the messages replaced by a 0
+        rest = scan.rest(k)
         if line == 1 and rest.startswith(UTF8_BOM):
             return None
         try:
@@ -161,20 +160,19 @@ class ChatReader(JsonRequestReader):
         codes, piece handles and the characters of those pieces, or without a store their role
         names and (role, content) pairs (and 0); None if a message is not the plain case."""
         prefixes = self._prefixes
-        j = scan.known(k)  # the longest prefix that was a whole line's messages, as scanned
-        known = prefixes.get(scan.first_key(k, j)) if j else None
-        if known is not None:
-            rows = scan.after_known(k)
-        else:  # that line was not read here (or was forgotten): look for a shorter one
+        # the longest prefix that was a whole line's messages, as scanned, and what follows it
+        j, key, rows, whole = scan.history(k)
+        known = prefixes.get(key) if j else None
+        if known is None:  # that line was not read here (or was forgotten): look for a shorter one
             while known is None and j > 1:
                 j -= 1
                 known = prefixes.get(scan.first_key(k, j))
-            rows = scan.elements(k)[j if known is not None else 0:]
+            rows = [row[:4] for row in scan.elements(k)[j if known is not None else 0:]]
         if not rows:
             return known
         seen, data = self._seen, scan.data
         names, parts, chars = [], [], 0
-        for start, end, key1, key2, *_ in rows:
+        for start, end, key1, key2 in rows:
             m = seen.get((key1, key2), _UNSEEN)
             if m is _UNSEEN:
                 m = seen[key1, key2] = self._parse_message(data[start:end], store)
@@ -191,7 +189,7 @@ class ChatReader(JsonRequestReader):
             names = ctx.builder.roles.codes(names)
         found = ((names, parts, chars) if known is None
                  else ([*known[0], *names], [*known[1], *parts], known[2] + chars))
-        prefixes[scan.whole_key(k)] = found
+        prefixes[whole] = found
         self._held += 16 * len(found[1])
         return found
 
