@@ -7,9 +7,11 @@ resent turn after turn is parsed, rendered and tokenized once, and reads the res
 line (the array cut out) with the ordinary JSON parser and validators.
 
 Each element also gets a 128-bit key (MurmurHash3 x64-128 of its bytes) and each prefix of a
-line's messages a key chained from its elements' keys, so that the caller finds the longest
-message sequence it has seen before (turn k+1 resends turn k's messages) with a few lookups
-of small integers instead of hashing the history's bytes in Python. Two different byte
+line's messages a key chained from its elements' keys. The scanner keeps the key of every
+accepted line's message list (:class:`LineLists`, an open-addressing table) and gives, for
+each line, how many of its first messages an earlier line held, all of them (turn k+1
+resends turn k's messages), so that the caller looks that prefix up once and handles only
+the messages after it, without hashing the history's bytes in Python. Two different byte
 strings get the same key with a chance of about n²/2¹²⁹ for n distinct messages.
 
 The scanner only *accepts* what it can cut exactly: one JSON object whose top-level keys
@@ -272,25 +274,28 @@ class ChatScan:
         self.elem_offsets = np.zeros(n + 1, np.int64)
         np.cumsum(counts, out=self.elem_offsets[1:])
 
-        whole = type(block.base) is bytes and len(block.base) == len(block)  # bytes already: no second copy
-        self.data = block.base if whole else block.tobytes()
+        is_bytes = type(block.base) is bytes and len(block.base) == len(block)  # no second copy then
+        self.data = block.base if is_bytes else block.tobytes()
         self._bounds = bounds.tolist()
         self._spans = self.spans.tolist()
         self._offsets = self.elem_offsets.tolist()
-        # what the reader looks at on each accepted line (a few values, not every row):
-        # the key of its first known[k] messages and of all of them, and the rows after those
         self._known = known.tolist()
-        firsts = self.elem_offsets[:-1]
-        lasts = np.maximum(self.elem_offsets[1:] - 1, 0)
+        self._history = self._histories(known, counts)
+
+    def _histories(self, known: np.ndarray, counts: np.ndarray) -> list[tuple]:
+        """What the reader looks at on each line (a few values, not every row): see
+        :meth:`history`."""
+        rows, firsts = len(self.elems), self.elem_offsets[:-1]
         keys = self.elems if rows else np.zeros((1, 6), np.int64)
-        self._lookup = [*zip(keys[np.maximum(firsts + known - 1, 0), PREFIX1].tolist(),
-                             keys[np.maximum(firsts + known - 1, 0), PREFIX2].tolist())]
-        whole = zip(keys[lasts, PREFIX1].tolist(), keys[lasts, PREFIX2].tolist())
-        line_of = np.repeat(np.arange(n), counts)
+        known_rows = np.maximum(firsts + known - 1, 0)
+        last_rows = np.maximum(self.elem_offsets[1:] - 1, 0)
+        lookup = zip(keys[known_rows, PREFIX1].tolist(), keys[known_rows, PREFIX2].tolist())
+        whole = zip(keys[last_rows, PREFIX1].tolist(), keys[last_rows, PREFIX2].tolist())
+        line_of = np.repeat(np.arange(len(counts)), counts)
         after = self.elems[np.arange(rows) - firsts[line_of] >= known[line_of], :KEY2 + 1].tolist()
         ends = np.cumsum(counts - known).tolist()
         after_rows = [after[a:b] for a, b in zip([0, *ends], ends)]
-        self._history = [*zip(self._known, self._lookup, after_rows, whole)]
+        return [*zip(self._known, lookup, after_rows, whole)]
 
     def span(self, k: int) -> tuple[int, int]:
         """Byte span of line k's messages array (an accepted line)."""
@@ -316,7 +321,7 @@ class ChatScan:
     def first_key(self, k: int, j: int) -> tuple[int, int]:
         """The key of line k's first j messages (j >= 1)."""
         if j == self._known[k]:
-            return self._lookup[k]
+            return self._history[k][1]
         row = self._offsets[k] + j - 1
         return int(self.elems[row, PREFIX1]), int(self.elems[row, PREFIX2])
 

@@ -138,7 +138,7 @@ class ChatReader(JsonRequestReader):
             if type(rec) is not dict:
                 return None
             fields = common_fields(rec)
-        except (UnicodeDecodeError, BadRecord):
+        except BadRecord:
             return None
         store = self.store(ctx)
         found = self._messages(scan, k, store, ctx)
