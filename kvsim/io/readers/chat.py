@@ -163,7 +163,7 @@ class ChatReader(JsonRequestReader):
         # the longest prefix that was a whole line's messages, as scanned, and what follows it
         j, key, rows, whole = scan.history(k)
         known = prefixes.get(key) if j else None
-        if known is None:  # that line was not read here (or was forgotten): look for a shorter one
+        if j and known is None:  # that line was not read here (or was forgotten): a shorter one
             while known is None and j > 1:
                 j -= 1
                 known = prefixes.get(scan.first_key(k, j))
