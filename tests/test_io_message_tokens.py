@@ -157,7 +157,7 @@ def test_scanner_counts_the_messages_an_earlier_line_held_all_of():
         assert later.history(k)[2] == [r[:4] for r in later.elements(k)[known[k]:]]
     lists.room(100_000)  # grown and rehashed: the same lines are known
     again = ChatScan(np.frombuffer(line(0, 1, 2, 3, 4, 5), np.uint8), lists)
-    assert again.history(0)[0] == 5 and len(lists.table) >= 200_000
+    assert again.history(0)[0] == 5 and len(lists.keys) >= 200_000
 
 
 def words_of(data: bytes) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,7 @@ line (the array cut out) with the ordinary JSON parser and validators.
 
 Each element also gets a 128-bit key (MurmurHash3 x64-128 of its bytes) and each prefix of a
 line's messages a key chained from its elements' keys. The scanner keeps the key of every
-accepted line's message list (:class:`LineLists`, an open-addressing table) and gives, for
+accepted line's message list (:class:`LineLists`, in :mod:`kvsim.kernels.table`) and gives, for
 each line, how many of its first messages an earlier line held, all of them (turn k+1
 resends turn k's messages), so that the caller looks that prefix up once and handles only
 the messages after it, without hashing the history's bytes in Python. Two different byte
@@ -27,6 +27,7 @@ from numba import njit
 
 from kvsim.io.token_scan import (BLANK, DECLINED, FAST, _is_key, _skip_string, _skip_value, _word, _ws,
                                   as_words, line_bounds)
+from kvsim.kernels.table import grow_table, new_table, probe
 
 MESSAGES_KEY = np.frombuffer(b"messages", np.uint8)
 
@@ -34,6 +35,7 @@ _QUOTE, _COMMA, _COLON = 34, 44, 58
 _FNV_PRIME = np.uint64(0x100000001B3)
 _GOLDEN, _K1, _K2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31, _ONE = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(1)
+_ZERO = np.uint64(0)
 # MurmurHash3 x64-128's constants
 _C1, _C2 = np.uint64(0x87C37B91114253D5), np.uint64(0x4CF5AD432745937F)
 _F1, _F2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
@@ -181,24 +183,22 @@ def _scan_line(buf, words, start, end, elems, epos, span):
 
 
 @njit(cache=True, inline="always")
-def _find(table, p1, p2):
-    """The slot of key (p1, p2) in the open-addressing ``table`` (rows: key, key, used), or
-    of the empty slot where it would go."""
-    mask = len(table) - 1
-    i = np.int64(np.uint64(p1) >> np.uint64(1)) & mask
-    while table[i, 2] and (table[i, 0] != p1 or table[i, 1] != p2):
-        i = (i + 1) & mask
-    return i
+def _slot(keys, prefix1):
+    """The slot of a message list keyed ``prefix1`` (its first key half) in the table of
+    :class:`LineLists` (0 is no key there: it is stored as 1)."""
+    key = np.uint64(prefix1)
+    return probe(keys, key if key != _ZERO else _ONE)
 
 
 @njit(cache=True, nogil=True)
-def scan_chat_lines(buf, words, bounds, status, spans, counts, elems, known, table, filled):
+def scan_chat_lines(buf, words, bounds, status, spans, counts, elems, known, keys, vals, filled):
     """Scan lines ``buf[bounds[k]:bounds[k+1]]``: ``status[k]``, ``spans[k]`` (the messages
     array's start and end), ``counts[k]`` (its elements) and each element's byte span in
     ``elems`` (rows in line order). ``words``: the same bytes as 8-byte words, at least 16
     bytes longer than the lines. ``known[k]``: how many of line k's first messages an
-    earlier accepted line held, all of them (``table``: the keys of those lines' message
-    lists, ``filled[0]`` of them; room for this block's lines is made by the caller).
+    earlier accepted line held, all of them (``keys``, ``vals``: the :mod:`kvsim.kernels.table`
+    of those lines' message lists, ``filled[0]`` of them; room for this block's lines is made
+    by the caller).
     Returns the rows written."""
     epos = 0
     for k in range(len(bounds) - 1):
@@ -214,42 +214,35 @@ def scan_chat_lines(buf, words, bounds, status, spans, counts, elems, known, tab
             elems[r, PREFIX2] = np.int64(p2)
         if status[k] != FAST:
             continue
-        for r in range(epos - 1, e0 - 1, -1):  # the longest prefix that was a whole line's list
-            if table[_find(table, elems[r, PREFIX1], elems[r, PREFIX2]), 2]:
+        # the longest prefix that was a whole line's list (the table holds the key's second half
+        # as the value: two lists whose first halves meet only make the count smaller, and the
+        # reader checks the whole key)
+        for r in range(epos - 1, e0 - 1, -1):
+            s = _slot(keys, elems[r, PREFIX1])
+            if keys[s] != _ZERO and vals[s] == elems[r, PREFIX2]:
                 known[k] = r - e0 + 1
                 break
-        i = _find(table, elems[epos - 1, PREFIX1], elems[epos - 1, PREFIX2])
-        if not table[i, 2]:
-            table[i, 0], table[i, 1], table[i, 2] = elems[epos - 1, PREFIX1], elems[epos - 1, PREFIX2], 1
+        s = _slot(keys, elems[epos - 1, PREFIX1])
+        if keys[s] == _ZERO:
+            key = np.uint64(elems[epos - 1, PREFIX1])
+            keys[s] = key if key != _ZERO else _ONE
+            vals[s] = elems[epos - 1, PREFIX2]
             filled[0] += 1
     return epos
 
 
-@njit(cache=True, nogil=True)
-def _rehash(old, new):
-    for i in range(len(old)):
-        if old[i, 2]:
-            j = _find(new, old[i, 0], old[i, 1])
-            new[j, 0], new[j, 1], new[j, 2] = old[i, 0], old[i, 1], 1
-
-
 class LineLists:
-    """The keys of the message lists of the lines scanned so far (one per read of a log, used
-    by one scanning thread at a time, block after block)."""
+    """The keys of the message lists of the lines scanned so far, in a
+    :mod:`kvsim.kernels.table` (one per read of a log, used by one scanning thread at a time,
+    block after block)."""
 
     def __init__(self) -> None:
-        self.table = np.zeros((1 << 12, 3), np.int64)
+        self.keys, self.vals = new_table(1 << 12)
         self.filled = np.zeros(1, np.int64)
 
     def room(self, lines: int) -> None:
         """Grow the table (at most half full) for ``lines`` more keys."""
-        size = len(self.table)
-        while 2 * (int(self.filled[0]) + lines) > size:
-            size *= 2
-        if size != len(self.table):
-            table = np.zeros((size, 3), np.int64)
-            _rehash(self.table, table)
-            self.table = table
+        self.keys, self.vals = grow_table(self.keys, self.vals, int(self.filled[0]) + lines)
 
 
 class ChatScan:
@@ -268,8 +261,8 @@ class ChatScan:
         elems = np.empty((int(np.count_nonzero(block == _LBRACE)) + 1, 6), np.int64)  # every element opens a '{'
         words = as_words(block)
         lists.room(n)
-        rows = scan_chat_lines(block, words, bounds, self.status, self.spans, counts, elems, known, lists.table,
-                               lists.filled)
+        rows = scan_chat_lines(block, words, bounds, self.status, self.spans, counts, elems, known, lists.keys,
+                               lists.vals, lists.filled)
         self.elems = elems[:rows]
         self.elem_offsets = np.zeros(n + 1, np.int64)
         np.cumsum(counts, out=self.elem_offsets[1:])

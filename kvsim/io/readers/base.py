@@ -18,7 +18,6 @@ from kvsim.io.pieces import PieceEncoder, cut_strings
 from kvsim.io.source import Source
 from kvsim.io.templates import ChatTemplate, get_template
 from kvsim.io.tokenizers import Tokenizer, get_tokenizer
-from kvsim.io.trace import NONE
 
 
 @dataclass
@@ -156,7 +155,7 @@ class JsonRequestReader(Reader):
             reqs = reqs[:ctx.room()]
         ctx.requests += len(reqs)
         batch.extend(reqs)
-        weight += reqs[0].weight if len(reqs) == 1 else sum(r.weight for r in reqs)
+        weight += sum(r.weight for r in reqs)
         smaller = max(0, RAMP_BATCHES - ctx.batches)  # the first batches: 1/8, 1/4, 1/2 of the size
         if len(batch) >= self.batch_requests >> smaller or weight >= self.batch_weight >> smaller:
             self._flush(batch, ctx)
@@ -247,14 +246,11 @@ class JsonRequestReader(Reader):
         cats = ctx.builder.categories
         if fields.model is not None:
             ctx.models.add(fields.model)
-        tenant, salt, lora, session = fields.tenant, fields.cache_salt, fields.lora, fields.session
         return PendingRequest(
             reply=fields.reply, output_ids=fields.output_ids, logged_output=fields.logged_output,
             max_tokens=fields.max_tokens, arrival=fields.arrival,
-            tenant=NONE if tenant is None else cats["tenant"].code(tenant),
-            cache_salt=NONE if salt is None else cats["cache_salt"].code(salt),
-            lora=NONE if lora is None else cats["lora"].code(lora),
-            session=NONE if session is None else cats["session"].code(session),
+            tenant=cats["tenant"].code(fields.tenant), cache_salt=cats["cache_salt"].code(fields.cache_salt),
+            lora=cats["lora"].code(fields.lora), session=cats["session"].code(fields.session),
             request_id=fields.request_id, prompt_logprobs=fields.prompt_logprobs,
             logprob_start_len=fields.logprob_start_len, arrival_step=fields.arrival_step, **kw,
         )
