@@ -18,3 +18,10 @@ def trace_cache_dir(tmp_path, monkeypatch):
     folder = tmp_path / "kvsim-cache"
     monkeypatch.setenv("KVSIM_CACHE_DIR", str(folder))
     return folder
+
+
+@pytest.fixture(autouse=True)
+def words_on_small_texts(monkeypatch):
+    """Every tokenization in bulk takes the compiled word path (kvsim.io.word_tokens), however
+    small, so the tests that compare a trace with tiktoken's encode also check that path."""
+    monkeypatch.setattr("kvsim.io.word_tokens.MIN_CHARS", 0)

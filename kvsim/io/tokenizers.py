@@ -208,7 +208,20 @@ class TiktokenTokenizer(Tokenizer):
     def _arrays_here(self, texts: Sequence[str]) -> list[np.ndarray]:
         return self._encode_numpy(texts)
 
+    @functools.cached_property
+    def _words(self):
+        """Each distinct word's tokens, when this encoding splits text as cl100k does."""
+        from kvsim.io.word_tokens import WordTokens
+
+        return WordTokens(self._enc, self.special_token_ids) if WordTokens.usable(self._enc, self.special_token_ids) \
+            else None
+
     def _encode_numpy(self, texts: Sequence[str]) -> list[np.ndarray]:
+        words = self._words
+        return self._encode_whole(texts) if words is None else words.encode(texts, self._encode_whole)
+
+    def _encode_whole(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Each text encoded by tiktoken."""
         joined = self._encode_joined(texts)
         if joined is not None:
             return joined

@@ -1,0 +1,107 @@
+"""The compiled word splitting of cl100k (kvsim.io.word_tokens): on any texts the same ids as
+tiktoken's encode(text, allowed_special="all"), however the store grows, forgets or clashes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tiktoken
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvsim.io import word_tokens
+from kvsim.io.templates import get_template
+from kvsim.io.tokenizers import get_tokenizer
+from kvsim.io.word_tokens import WordTokens
+
+SPECIALS = get_template("llama3").special_tokens
+
+# pieces where the pattern's alternatives meet: contractions in either case, every kind of
+# whitespace (Unicode's, and the ASCII separators that are not whitespace), digits, letters
+# and numbers beyond ASCII, special tokens and halves of them, lone surrogates
+FRAGMENTS = [chr(i) for i in range(128)] + [
+    "'s", "'S", "'ll", "'lL", "'ve", "'Re", "'dog", " 'm", "  ", "\n\n", " \n", "\r\n", " \n x", "\t\n ",
+    "123456", "hello", " world", "HELLO", "é", "漢字", "😀", "\u00a0", "\u2028", "\u0085", "\u3000", "ſ", "K",
+    "١٢", "Ⅻ", "\ud800", "\udfff", "<|eot_id|>", "<|start_header_id|>", "<|endoftext|>", "<|", "|>", "eot_id|>",
+]
+# few kinds, so that runs where a line may be cut (newline, whitespace, non-ASCII) are common
+DENSE = ["\n", "\r", " ", "\t", "\x0b", "\x1c", "\u00a0", "\u2028", "\u0085", "a", "S", "1", "!", "'", "é", "<|eot_id|>"]
+texts = st.lists(st.one_of(st.lists(st.sampled_from(FRAGMENTS), max_size=60), st.lists(st.sampled_from(DENSE), max_size=30))
+                 .map("".join), min_size=1, max_size=6)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return get_tokenizer("cl100k_base", SPECIALS)
+
+
+def fresh(tok) -> WordTokens:
+    return WordTokens(tok._enc, tok.special_token_ids)
+
+
+def expected(tok, batch):
+    return [tok._enc.encode(t, allowed_special="all") for t in batch]
+
+
+def encoded(words: WordTokens, tok, batch):
+    return [a.tolist() for a in words.encode(batch, tok._encode_whole)]
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=texts)
+def test_equals_tiktoken_on_any_text(tok, batch):
+    assert encoded(tok._words, tok, batch) == expected(tok, batch)
+
+
+def test_the_store_grows_from_its_smallest_size(tok):
+    """Many distinct words, long texts and many foreign lines in one call: every array grows."""
+    rng = np.random.default_rng(7)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    words = [" " + "".join(rng.choice(letters, rng.integers(3, 12))) for _ in range(40_000)]
+    batch = ["".join(words[:20_000]), "".join(words[20_000:]) + "\nx\n" + "\n".join(["é x"] * 300),
+             "\n".join(["x é"] * 300), "'ll 42"]  # one foreign line of 300, then 300 foreign lines
+    store = fresh(tok)
+    assert encoded(store, tok, batch) == expected(tok, batch)
+    assert store._known > 30_000  # every distinct word learnt once
+    assert encoded(store, tok, batch[::-1]) == expected(tok, batch[::-1])  # and reused
+
+
+def test_a_clash_of_keys_gives_tiktokens_ids_and_forgets(tok):
+    """Two words with one key are never confused: the call falls back to tiktoken."""
+    store = fresh(tok)
+    encoded(store, tok, ["alpha"])
+    h = np.uint64(0xCBF29CE484222325)  # FNV-1a of " beta", the key the scanner computes
+    with np.errstate(over="ignore"):
+        for b in b" beta":
+            h = (h ^ np.uint64(b)) * np.uint64(0x100000001B3)
+    from kvsim.kernels.table import probe
+
+    slot = probe(store._keys, h)
+    store._keys[slot], store._vals[slot] = h, 0  # " beta" now keys the word "alpha"
+    assert encoded(store, tok, ["alpha beta"]) == expected(tok, ["alpha beta"])
+    assert store._known == 0  # forgotten
+
+
+def test_forgets_beyond_its_bound(tok, monkeypatch):
+    monkeypatch.setattr(word_tokens, "MAX_WORDS", 3)
+    store = fresh(tok)
+    batch = ["one two three four five", "six seven"]
+    assert encoded(store, tok, batch) == expected(tok, batch)
+    assert store._known > 3
+    assert encoded(store, tok, ["eight nine"]) == expected(tok, ["eight nine"])
+    assert store._known == 2  # started again from nothing: "eight", " nine"
+
+
+def test_only_the_cl100k_pattern_and_overlap_free_specials(tok):
+    enc = tok._enc
+    assert WordTokens.usable(enc, tok.special_token_ids)
+    other = tiktoken.Encoding(name="other", pat_str=r"\S+|\s+", mergeable_ranks=enc._mergeable_ranks,
+                              special_tokens={})
+    assert not WordTokens.usable(other, {})
+    assert not WordTokens.usable(enc, {"<|a|>": enc.n_vocab, "<|a|>b": enc.n_vocab + 1})
+
+
+def test_small_texts_are_left_to_tiktoken(tok, monkeypatch):
+    monkeypatch.setattr(word_tokens, "MIN_CHARS", 1 << 15)
+    store = fresh(tok)
+    assert encoded(store, tok, ["a short text"]) == expected(tok, ["a short text"])
+    assert store._known == 0
