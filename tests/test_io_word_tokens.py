@@ -53,12 +53,12 @@ def test_equals_tiktoken_on_any_text(tok, batch):
 
 
 def test_the_store_grows_from_its_smallest_size(tok):
-    """Many distinct words, long texts and many foreign lines in one call: every array grows."""
+    """Many distinct words, long texts and many foreign spans in one call: every array grows."""
     rng = np.random.default_rng(7)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
     words = [" " + "".join(rng.choice(letters, rng.integers(3, 12))) for _ in range(40_000)]
     batch = ["".join(words[:20_000]), "".join(words[20_000:]) + "\nx\n" + "\n".join(["é x"] * 300),
-             "\n".join(["x é"] * 300), "'ll 42"]  # one foreign line of 300, then 300 foreign lines
+             "\n".join(["x é"] * 300), "'ll 42"]  # one foreign span of 300, then 300 foreign spans
     store = fresh(tok)
     assert encoded(store, tok, batch) == expected(tok, batch)
     assert store._known > 30_000  # every distinct word learnt once

@@ -13,11 +13,13 @@ module does the cutting, in one pass over the UTF-8 bytes:
   so at most one starts at a place);
 * ASCII text is split by :func:`_word_end`, the pattern written out for ASCII characters
   (letters, digits, the six whitespace characters of Unicode's White_Space, the rest);
-* a run holding any other character is cut into lines after a newline that an ASCII
-  non-whitespace character follows. No word spans such a cut (only whitespace and the
-  newlines after punctuation can follow a newline in a word), the run before it ends in one
-  whitespace word either way (``\s*[\r\n]`` there, ``\s++$`` alone), and matching after it
-  never looks back. A line holding a non-ASCII character is *foreign*: tiktoken encodes it.
+* a run holding any other character is cut into pieces (:func:`_safe_cut`) after a newline
+  that an ASCII non-whitespace character follows, and between an ASCII letter and an ASCII
+  non-letter. No word spans such a cut (only whitespace and the newlines after punctuation
+  can follow a newline in a word; a word holding a letter ends at the first non-letter after
+  it), the text before it ends in the same word alone (the whitespace before the newline is
+  ``\s*[\r\n]`` there, ``\s++$`` alone), and matching after it never looks back. A piece
+  holding a non-ASCII character is *foreign*: tiktoken encodes it.
 
 Words get a handle the first time they are seen, in a table of their bytes
 (:mod:`kvsim.kernels.table`, keys FNV-1a of the bytes, a clash checked byte for byte).
@@ -30,12 +32,12 @@ from numba import njit
 
 from kvsim.kernels.table import probe
 
-#: items: a word's handle (>= 0), a special token (-1 - id) or a foreign line (FOREIGN - index)
+#: items: a word's handle (>= 0), a special token (-1 - id) or a foreign span (FOREIGN - index)
 FOREIGN = -(1 << 30)
-#: split_words' status: done, out of room for words, for foreign lines, two words' keys clash
+#: split_words' status: done, out of room for words, for foreign spans, two words' keys clash
 DONE, ROOM, FULL, CLASH = 0, 1, 2, 3
-#: state: words so far, items used, foreign lines used
-WORDS, ITEMS, LINES = 0, 1, 2
+#: state: words so far, items used, foreign spans used
+WORDS, ITEMS, SPANS = 0, 1, 2
 
 _LETTER, _DIGIT, _SPACE, _OTHER, _HIGH = 0, 1, 2, 3, 4
 _FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
@@ -182,31 +184,44 @@ def _split_ascii(data, s, e, keys, vals, wbytes, wstarts, state, items):
     return True
 
 
+@njit(cache=True, inline="always")
+def _safe_cut(data, p, e):
+    """Can text be cut before ``p`` (0 < p < e) and each side split alone? After a newline
+    that an ASCII non-whitespace character follows, and between an ASCII letter and an ASCII
+    character that is not one (a word holding a letter ends at the first non-letter after it)."""
+    c = data[p]
+    if c >= 128:
+        return False
+    if data[p - 1] == 10:
+        return _CLASS[c] != _SPACE
+    return _CLASS[data[p - 1]] == _LETTER and _CLASS[c] != _LETTER
+
+
 @njit(cache=True)
 def _split_run(data, s, e, high, keys, vals, wbytes, wstarts, state, items, foreign):
     """Items of the ordinary text ``data[s:e]`` (``high``: it holds a non-ASCII byte).
-    False on a clash, or when ``foreign`` is full (state[LINES] is then len(foreign) + 1)."""
+    False on a clash, or when ``foreign`` is full (state[SPANS] is then len(foreign) + 1)."""
     if not high:
         return _split_ascii(data, s, e, keys, vals, wbytes, wstarts, state, items)
-    line = s
-    line_high = False
+    piece = s
+    piece_high = False
     for p in range(s, e + 1):
-        if p < e and not (p > line and data[p - 1] == 10 and _CLASS[data[p]] != _SPACE and data[p] < 128):
-            line_high = line_high or data[p] >= 128
+        if p < e and not (p > piece and _safe_cut(data, p, e)):
+            piece_high = piece_high or data[p] >= 128
             continue
-        if line_high:  # p ends the line data[line:p]
-            f = state[LINES]
+        if piece_high:  # p ends the piece data[piece:p]
+            f = state[SPANS]
             if f == len(foreign):
-                state[LINES] = f + 1
+                state[SPANS] = f + 1
                 return False
-            foreign[f, 0], foreign[f, 1] = line, p
-            state[LINES] = f + 1
+            foreign[f, 0], foreign[f, 1] = piece, p
+            state[SPANS] = f + 1
             items[state[ITEMS]] = FOREIGN - f
             state[ITEMS] += 1
-        elif not _split_ascii(data, line, p, keys, vals, wbytes, wstarts, state, items):
+        elif not _split_ascii(data, piece, p, keys, vals, wbytes, wstarts, state, items):
             return False
-        line = p
-        line_high = p < e and data[p] >= 128
+        piece = p
+        piece_high = p < e and data[p] >= 128
     return True
 
 
@@ -223,7 +238,7 @@ def split_words(data, bounds, first, sp_bytes, sp_starts, sp_ids, sp_first,
         w = state[WORDS]
         if w + (b - a) > room or w + (b - a) + 1 > len(wstarts) or wstarts[w] + (b - a) > len(wbytes):
             return t, ROOM
-        mark_items, mark_lines = state[ITEMS], state[LINES]
+        mark_items, mark_spans = state[ITEMS], state[SPANS]
         p = a
         run = a
         high = False
@@ -241,8 +256,8 @@ def split_words(data, bounds, first, sp_bytes, sp_starts, sp_ids, sp_first,
                     p += 1
                     continue
             if p > run and not _split_run(data, run, p, high, keys, vals, wbytes, wstarts, state, items, foreign):
-                if state[LINES] > len(foreign):  # out of room: this text again, with more
-                    state[ITEMS], state[LINES] = mark_items, mark_lines
+                if state[SPANS] > len(foreign):  # out of room: this text again, with more
+                    state[ITEMS], state[SPANS] = mark_items, mark_spans
                     return t, FULL
                 return t, CLASH
             if k < 0:

@@ -4,7 +4,7 @@ tiktoken spends most of its time splitting text with its pattern and encoding th
 again and again: a log repeats its vocabulary. :class:`WordTokens` splits texts in compiled
 code (:mod:`kvsim.io.word_scan`), asks tiktoken for the tokens of each word it has not seen
 (``encode_single_piece``: what tiktoken does to each match), and assembles every text from
-its words' tokens. Lines holding non-ASCII characters are encoded by tiktoken itself. The
+its words' tokens. Pieces holding non-ASCII characters are encoded by tiktoken itself. The
 ids equal ``encode(text, allowed_special="all")`` (``tests/test_io_word_tokens.py``).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from kvsim.io.word_scan import CLASH, DONE, FULL, ITEMS, LINES, WORDS, assemble, split_words
+from kvsim.io.word_scan import CLASH, DONE, FULL, ITEMS, SPANS, WORDS, assemble, split_words
 from kvsim.kernels.table import grow_table, new_table
 
 #: tiktoken's cl100k_base pattern, the one :mod:`kvsim.io.word_scan` writes out
@@ -60,7 +60,7 @@ class WordTokens:
         self._known = 0
 
     def encode(self, texts: Sequence[str], fallback: Callable[[Sequence[str]], list[np.ndarray]]) -> list[np.ndarray]:
-        """Token ids of each text (int32); ``fallback`` encodes the foreign lines (and every
+        """Token ids of each text (int32); ``fallback`` encodes the foreign spans (and every
         text, on a clash of two words' keys)."""
         if sum(map(len, texts)) < MIN_CHARS:
             return fallback(texts)
@@ -71,25 +71,26 @@ class WordTokens:
             if self._known > MAX_WORDS:
                 self._forget()
             cut = self._split(data, bounds)
-            if cut is None:
-                return fallback(texts)
-            items, text_ends, lines = cut
-            foreign = fallback([data[s:e].tobytes().decode("utf-8", "surrogatepass") for s, e in lines])
-            fstarts = np.cumsum([0, *map(len, foreign)], dtype=np.int64)
-            ftok = np.concatenate(foreign) if foreign else np.zeros(0, np.int32)
-            out, offsets = assemble(items, text_ends, self._wtok, self._wtstarts, ftok.astype(np.int32, copy=False),
-                                    fstarts)
+            # the words' tokens are only appended to, or the arrays replaced: these stay valid
+            wtok, wtstarts = self._wtok, self._wtstarts
+        if cut is None:
+            return fallback(texts)
+        items, text_ends, spans = cut
+        foreign = fallback([data[s:e].tobytes().decode("utf-8", "surrogatepass") for s, e in spans])
+        fstarts = np.cumsum([0, *map(len, foreign)], dtype=np.int64)
+        ftok = np.concatenate(foreign).astype(np.int32, copy=False) if foreign else np.zeros(0, np.int32)
+        out, offsets = assemble(items, text_ends, wtok, wtstarts, ftok, fstarts)
         return [out[offsets[i]:offsets[i + 1]] for i in range(len(texts))]
 
     def _split(self, data: np.ndarray, bounds: np.ndarray):
-        """Items of every text, where each text's items end, and the foreign lines' byte
+        """Items of every text, where each text's items end, and the foreign spans' byte
         spans; None on a clash (the words seen are then forgotten)."""
         n = len(bounds) - 1
         items = np.empty(len(data) + 1, np.int32)
         text_ends = np.zeros(n, np.int64)
         foreign = np.empty((16, 2), np.int64)
         state = self._state
-        state[ITEMS] = state[LINES] = 0
+        state[ITEMS] = state[SPANS] = 0
         done = 0
         while True:
             done, status = split_words(data, bounds, done, self._sp_bytes, self._sp_starts, self._sp_ids,
@@ -109,7 +110,7 @@ class WordTokens:
             self._wbytes = _grown(self._wbytes, int(self._wstarts[words]) + need)
             self._wstarts = _grown(self._wstarts, words + need + 1)
         self._learn()
-        return items, text_ends, foreign[:state[LINES]]
+        return items, text_ends, foreign[:state[SPANS]]
 
     def _learn(self) -> None:
         """Ask tiktoken for the tokens of the words new since the last call."""
