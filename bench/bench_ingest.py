@@ -341,6 +341,7 @@ def bench_chat(files: dict, runs: int) -> list[dict]:
         decode = msgspec.json.Decoder().decode
         (json_s, msgspec_s), _ = interleaved(
             [lambda: [json.loads(x) for x in lines], lambda: [decode(x) for x in lines]], runs)
+        words = bench_words(path, tok, runs)
         rows.append({"log": name, "bytes": path.stat().st_size, "requests": len(trace), "prompt_tokens": tokens,
                      "json_loads_s": json_s, "msgspec_s": msgspec_s,
                      "loop_s": loop_s, "reply_loop_s": reply_loop_s, "kvsim_s": kv_s,
@@ -348,8 +349,33 @@ def bench_chat(files: dict, runs: int) -> list[dict]:
                      "ratio": loop_s / kv_s, "ratio_reply_loop": reply_loop_s / kv_s,
                      "loop_cpu_s": cpu[0], "reply_loop_cpu_s": cpu[1], "kvsim_cpu_s": cpu[2],
                      "ratio_cpu": cpu[0] / cpu[2], "ratio_reply_loop_cpu": cpu[1] / cpu[2],
-                     "same_prompts": same, "same_outputs": same_out})
+                     "same_prompts": same, "same_outputs": same_out, **words})
     return rows
+
+
+def bench_words(path: Path, tok, runs: int) -> dict:
+    """The texts kvsim tokenizes while reading ``path`` (its distinct pieces and replies),
+    encoded by tiktoken and by the word path (a new, empty store each run), one thread each."""
+    import kvsim
+    from kvsim.io.tokenizers import TiktokenTokenizer
+    from kvsim.io.word_tokens import WordTokens
+
+    batches: list[list[str]] = []
+    real = TiktokenTokenizer._encode_numpy
+    TiktokenTokenizer._encode_numpy = lambda self, texts: batches.append(list(texts)) or real(self, texts)
+    try:
+        kvsim.load_trace(path)
+    finally:
+        TiktokenTokenizer._encode_numpy = real
+
+    def by_words():
+        store = WordTokens(tok._enc, tok.special_token_ids)
+        return [a for b in batches for a in store.encode(b, tok._encode_whole)]
+
+    (whole_s, words_s), (a, b) = interleaved(
+        [lambda: [a for b in batches for a in tok._encode_whole(b)], by_words], runs)
+    return {"tokenized_chars": sum(len(t) for b in batches for t in b), "tiktoken_s": whole_s, "words_s": words_s,
+            "words_ratio": whole_s / words_s, "same_words": all(np.array_equal(x, y) for x, y in zip(a, b))}
 
 
 def bench_cache(files: dict, runs: int, env: dict) -> list[dict]:
