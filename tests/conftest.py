@@ -24,4 +24,4 @@ def trace_cache_dir(tmp_path, monkeypatch):
 def words_on_small_texts(monkeypatch):
     """Every tokenization in bulk takes the compiled word path (kvsim.io.word_tokens), however
     small, so the tests that compare a trace with tiktoken's encode also check that path."""
-    monkeypatch.setattr("kvsim.io.word_tokens.MIN_CHARS", 0)
+    monkeypatch.setattr("kvsim.io.tokenizers.WORD_PATH_MIN_CHARS", 0)

@@ -100,8 +100,14 @@ def test_only_the_cl100k_pattern_and_overlap_free_specials(tok):
     assert not WordTokens.usable(enc, {"<|a|>": enc.n_vocab, "<|a|>b": enc.n_vocab + 1})
 
 
-def test_small_texts_are_left_to_tiktoken(tok, monkeypatch):
-    monkeypatch.setattr(word_tokens, "MIN_CHARS", 1 << 15)
-    store = fresh(tok)
-    assert encoded(store, tok, ["a short text"]) == expected(tok, ["a short text"])
-    assert store._known == 0
+def test_small_batches_are_left_to_tiktoken(monkeypatch):
+    """Below WORD_PATH_MIN_CHARS the word path is not taken (nor its compiled code loaded)."""
+    from kvsim.io import tokenizers
+
+    monkeypatch.setattr(tokenizers, "WORD_PATH_MIN_CHARS", 1 << 15)
+    tok = tokenizers.TiktokenTokenizer(get_tokenizer("cl100k_base", SPECIALS)._enc, [])
+    assert [a.tolist() for a in tok.encode_arrays(["a short text"])] == [tok.encode("a short text")]
+    assert "_words" not in tok.__dict__
+    big = ["a longer text " * 3000]
+    assert [a.tolist() for a in tok.encode_arrays(big)] == [tok.encode(big[0])]
+    assert tok.__dict__["_words"]._known == 5  # "a", " longer", " text", " a" and the last " "

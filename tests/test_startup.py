@@ -34,3 +34,5 @@ def test_simulate_on_a_small_chat_log_imports_only_what_it_uses(tmp_path):
     log = tmp_path / "one.jsonl"
     log.write_text('{"messages": [{"role": "user", "content": "Hello"}], "response": "Hi"}\n')
     assert imported_by(["--no-trace-cache", "simulate", "--tokenizer", "bytes", str(log)]) == {"numpy"}
+    # with tiktoken: a one-request log stays below the word path's size (no compiled code)
+    assert imported_by(["--no-trace-cache", "simulate", str(log)]) == {"numpy", "tiktoken"}

