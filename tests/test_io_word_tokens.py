@@ -111,3 +111,33 @@ def test_small_batches_are_left_to_tiktoken(monkeypatch):
     big = ["a longer text " * 3000]
     assert [a.tolist() for a in tok.encode_arrays(big)] == [tok.encode(big[0])]
     assert tok.__dict__["_words"]._known == 5  # "a", " longer", " text", " a" and the last " "
+
+
+def test_a_chat_log_of_real_prose_reads_as_with_tiktoken(tmp_path, monkeypatch):
+    """The repository's own docs (with ×, —, ≥, accents and code) as a multi-turn chat log:
+    the same trace through the word path as through tiktoken alone."""
+    import json
+    import random
+    from pathlib import Path
+
+    import kvsim
+    from kvsim.io import tokenizers
+
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    paragraphs = [p for f in sorted(docs.glob("*.md")) for p in f.read_text(encoding="utf-8").split("\n\n") if p.strip()]
+    assert any(any(ord(c) > 127 for c in p) for p in paragraphs)
+    rng = random.Random(0)
+    log = tmp_path / "prose.jsonl"
+    with log.open("w", encoding="utf-8") as out:
+        for _ in range(40):
+            messages = [{"role": "system", "content": rng.choice(paragraphs)}]
+            for _ in range(4):
+                messages.append({"role": "user", "content": "\n\n".join(rng.sample(paragraphs, 3))})
+                reply = rng.choice(paragraphs)
+                out.write(json.dumps({"messages": messages, "response": reply}, ensure_ascii=rng.random() < 0.5) + "\n")
+                messages = [*messages, {"role": "assistant", "content": reply}]
+    by_words = kvsim.load_trace(log)
+    monkeypatch.setattr(tokenizers, "WORD_PATH_MIN_CHARS", 1 << 62)
+    by_tiktoken = kvsim.load_trace(log)
+    for name in ("offsets", "tokens", "output_offsets", "output_tokens", "msg_starts"):
+        assert np.array_equal(getattr(by_words, name), getattr(by_tiktoken, name)), name
