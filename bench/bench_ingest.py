@@ -31,7 +31,9 @@ Sections (``--only``, comma-separated; default all):
   (``json.loads``), renders the messages with the chat template and encodes the text
   (``tiktoken``, tokenizer loaded beforehand for both), and against the same loop encoding
   the logged reply too (the output tokens the trace holds); wall and CPU time (all threads);
-  the prompts and outputs are checked equal;
+  the prompts and outputs are checked equal; then the texts kvsim tokenizes while reading
+  each log, encoded by tiktoken and by kvsim's word path (``kvsim/io/word_tokens.py``, a new
+  store each run), the ids checked equal;
 - ``cache``: ``kvsim simulate`` on the chat log twice with the trace cache (a fresh cache
   folder): the first command reads and stores, the second maps the stored trace;
 - ``parquet``: ``kvsim convert`` to Parquet, reading it back, against reading the JSONL;
