@@ -46,7 +46,7 @@ class WordTokens:
         from kvsim.io.tokenizers import overlap_free
 
         return (enc._pat_str == CL100K_PATTERN and enc.n_vocab <= 2**31 and overlap_free(tuple(special_ids))
-                and all("" != s and 0 <= i < 2**30 - 1 for s, i in special_ids.items()))
+                and all(s and 0 <= i < 2**30 - 1 for s, i in special_ids.items()))
 
     def _forget(self) -> None:
         self._keys, self._vals = new_table(1 << 14, np.int32)
