@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "tests" / "oracle"))
 
 import vllm_client
 
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from common import pin_to_one_cpu, synthetic_chat  # noqa: E402
 from kvsim.replay.driver import replay
 from kvsim.replay.options import SimOptions

@@ -32,7 +32,7 @@ Sections (``--only``, comma-separated; default all):
   (``tiktoken``, tokenizer loaded beforehand for both), and against the same loop encoding
   the logged reply too (the output tokens the trace holds); wall and CPU time (all threads);
   the prompts and outputs are checked equal; then the texts kvsim tokenizes while reading
-  each log, encoded by tiktoken and by kvsim's word path (``kvsim/io/word_tokens.py``, a new
+  each log, encoded by tiktoken and by kvsim's word path (``kvsim/io/tokenize/word_tokens.py``, a new
   store each run), the ids checked equal;
 - ``cache``: ``kvsim simulate`` on the chat log twice with the trace cache (a fresh cache
   folder): the first command reads and stores, the second maps the stored trace;
@@ -228,7 +228,7 @@ def bench_parsers(files: dict, runs: int) -> list[dict]:
     except ImportError:
         pass
     from kvsim.io.source import BLOCK_BYTES
-    from kvsim.io.token_scan import Scratch, ScannedBlock
+    from kvsim.io.readers.token_scan import Scratch, ScannedBlock
 
     raw = np.frombuffer(data, np.uint8)
 
@@ -317,8 +317,8 @@ def render_encode_loop(path: Path, template, tok, replies: bool = False) -> tupl
 
 def bench_chat(files: dict, runs: int) -> list[dict]:
     import kvsim
-    from kvsim.io.templates import get_template
-    from kvsim.io.tokenizers import get_tokenizer
+    from kvsim.io.tokenize.templates import get_template
+    from kvsim.io.tokenize.tokenizers import get_tokenizer
 
     template = get_template("llama3")
     tok = get_tokenizer("cl100k_base", template.special_tokens)
@@ -359,8 +359,8 @@ def bench_words(path: Path, tok, runs: int) -> dict:
     """The texts kvsim tokenizes while reading ``path`` (its distinct pieces and replies),
     encoded by tiktoken and by the word path (a new, empty store each run), one thread each."""
     import kvsim
-    from kvsim.io.tokenizers import TiktokenTokenizer
-    from kvsim.io.word_tokens import WordTokens
+    from kvsim.io.tokenize.tokenizers import TiktokenTokenizer
+    from kvsim.io.tokenize.word_tokens import WordTokens
 
     batches: list[list[str]] = []
     real = TiktokenTokenizer._encode_numpy

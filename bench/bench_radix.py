@@ -37,7 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvsim.io.trace import Trace  # noqa: E402
+from kvsim.io.trace.columns import Trace  # noqa: E402
 from common import pin_to_one_cpu, synthetic_chat  # noqa: E402
 from kvsim.replay.options import SimOptions  # noqa: E402
 from kvsim.replay.driver import replay  # noqa: E402

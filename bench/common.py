@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 
 
 def synthetic_chat(seed: int = 0, sessions: int = 1000) -> Trace:

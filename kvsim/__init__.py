@@ -13,7 +13,7 @@ def __getattr__(name: str):
 
         return load_trace
     if name == "Trace":
-        from kvsim.io.trace import Trace
+        from kvsim.io.trace.columns import Trace
 
         return Trace
     raise AttributeError(name)

@@ -7,7 +7,7 @@ from typing import Any
 import pandas as pd
 
 from kvsim.cache.registry import resolve_policies
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.replay.driver import replay
 from kvsim.replay.metrics import breakdowns, per_request_frame, summarize
 from kvsim.replay.options import SimOptions

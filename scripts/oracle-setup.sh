@@ -8,8 +8,13 @@
 set -euo pipefail
 VENV="${1:-.oracle-venv}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+# The routers (fleets) and the offload tiers have their own parts, each skipped when present.
+extras() {
+  "$ROOT/scripts/oracle-setup-routers.sh" "$VENV"
+  "$ROOT/scripts/oracle-setup-offload.sh" "$VENV"
+}
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm.v1.core.kv_cache_manager, sglang.srt.mem_cache.radix_cache, einops, setproctitle, uvicorn, click" 2>/dev/null; then
-  echo "oracle ready (cached): $VENV"; exit 0
+  echo "oracle ready (cached): $VENV"; extras; exit 0
 fi
 python3 -m venv "$VENV"
 PIP="$VENV/bin/pip"
@@ -41,3 +46,4 @@ from sglang.srt.mem_cache.radix_cache import RadixCache    # noqa: F401
 import vllm, sglang
 print(f"oracle ready: vllm {vllm.__version__}, sglang {sglang.__version__}")
 PY
+extras

@@ -22,6 +22,6 @@ def trace_cache_dir(tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def words_on_small_texts(monkeypatch):
-    """Every tokenization in bulk takes the compiled word path (kvsim.io.word_tokens), however
+    """Every tokenization in bulk takes the compiled word path (kvsim.io.tokenize.word_tokens), however
     small, so the tests that compare a trace with tiktoken's encode also check that path."""
-    monkeypatch.setattr("kvsim.io.tokenizers.WORD_PATH_MIN_CHARS", 0)
+    monkeypatch.setattr("kvsim.io.tokenize.tokenizers.WORD_PATH_MIN_CHARS", 0)

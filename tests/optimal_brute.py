@@ -22,7 +22,7 @@ from itertools import combinations
 
 import numpy as np
 
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 
 
 @dataclass(frozen=True)

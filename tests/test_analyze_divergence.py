@@ -6,7 +6,7 @@ import pytest
 
 from kvsim.analyze import AnalyzeOptions, analyze
 from kvsim.analyze.divergence import divergence_histogram
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 
 
 def with_messages(trace: Trace, starts: list[list[int]], roles: list[list[str]]) -> Trace:

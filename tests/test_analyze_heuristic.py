@@ -8,7 +8,7 @@ import pytest
 
 from kvsim.analyze import analyze
 from kvsim.analyze.heuristic import seed_heuristic
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 
 
 def measure_prefix_overlap(prompts: list[str], prefix_len: int = 200) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from kvsim.analyze import analyze
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 
 SYSTEM = list(range(1000, 1064))  # 64 tokens, four full blocks
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.analyze import AnalyzeOptions, analyze
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from tests.test_analyze_divergence import with_messages
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.analyze import analyze
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 
 
 def test_sharing_that_ends_inside_blocks_favours_radix():

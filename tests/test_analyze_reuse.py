@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kvsim.analyze import reuse as R
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 
 
 def index_of(trace: Trace, salt: bool = True, lora: bool = True, outputs: bool = True) -> R.PrefixIndex:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kvsim.analyze import AnalyzeOptions, analyze
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.replay.driver import replay
 from kvsim.replay.options import SimOptions
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from kvsim.analyze import analyze
 from kvsim.analyze.options import AnalyzeOptions
 from kvsim.analyze.sessions import session_continuity
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 
 P1 = list(range(100, 160))          # turn 1 prompt, 60 tokens
 ANSWER = list(range(700, 740))      # 40 tokens

@@ -9,7 +9,7 @@ import pytest
 import kvsim
 from kvsim.analyze import AnalyzeOptions, analyze
 from kvsim.analyze.upper_bound import hit_tokens, native_hash_bound
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 
 
 @pytest.mark.parametrize("n, cached", [(17, 16), (32, 16), (33, 32), (48, 32), (100, 96), (300, 288)])

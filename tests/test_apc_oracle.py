@@ -19,7 +19,7 @@ import vllm_client
 from vllm_workloads import Mix, random_trace
 
 from kvsim.cache.apc import hashing
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.replay.driver import replay_detailed
 from kvsim.replay.options import SimOptions
 from kvsim.replay.requests import output_token_arrays

@@ -13,7 +13,7 @@ from vllm_workloads import Mix, random_trace
 
 from kvsim.cache.apc.metrics import CachingMetrics, PrefixCacheStats, sequential_hit_rate_figures
 from kvsim.errors import ConfigError, KvsimError
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.replay.driver import replay, replay_detailed
 from kvsim.replay.options import SimOptions
 

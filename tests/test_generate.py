@@ -108,14 +108,14 @@ def test_code_review_follow_up_resends_the_review():
 @pytest.mark.parametrize("name", ["code_review", "multi_tenant", "multi_lora", "volatile_prefix"])
 @pytest.mark.parametrize("tokens", [600, 2500])
 def test_system_tokens_flag_sets_prompt_size_in_cl100k_tokens(name, tokens):
-    from kvsim.io.tokenizers import get_tokenizer
+    from kvsim.io.tokenize.tokenizers import get_tokenizer
 
     prompt = system(lines(name, requests=2, system_tokens=tokens)[0])
     assert abs(len(get_tokenizer("cl100k_base").encode(prompt)) - tokens) <= 0.1 * tokens
 
 
 def test_doc_tokens_flag_sets_document_size():
-    from kvsim.io.tokenizers import get_tokenizer
+    from kvsim.io.tokenize.tokenizers import get_tokenizer
 
     tok = get_tokenizer("cl100k_base")
     for tokens in (100, 400):
@@ -148,7 +148,7 @@ def test_support_sessions_interleave_in_time():
 
 
 def test_support_system_prompt_is_about_650_cl100k_tokens():
-    from kvsim.io.tokenizers import get_tokenizer
+    from kvsim.io.tokenize.tokenizers import get_tokenizer
 
     tok = get_tokenizer("cl100k_base")
     sizes = [len(tok.encode(system(lines("support_chat", seed=s)[0]))) for s in range(5)]

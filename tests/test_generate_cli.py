@@ -61,8 +61,8 @@ def test_chat_lines_carry_the_documented_fields(tmp_path):
 
 def test_output_length_counts_reply_tokens_plus_end_of_turn(tmp_path):
     """The written output_length is what a server logs: reply tokens + the stop token."""
-    from kvsim.io.templates import get_template
-    from kvsim.io.tokenizers import get_tokenizer
+    from kvsim.io.tokenize.templates import get_template
+    from kvsim.io.tokenize.tokenizers import get_tokenizer
 
     out = tmp_path / "s.jsonl"
     assert run(["generate", "support_chat", "-o", str(out), *SMALL]) == 0

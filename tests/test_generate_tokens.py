@@ -7,8 +7,8 @@ import json
 import pytest
 
 from kvsim.cli import run
-from kvsim.io.templates import get_template, render_chat
-from kvsim.io.tokenizers import get_tokenizer
+from kvsim.io.tokenize.templates import get_template, render_chat
+from kvsim.io.tokenize.tokenizers import get_tokenizer
 
 CASES = {
     "support_chat": ["--sessions", "4", "--turns", "3"],

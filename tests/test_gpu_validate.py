@@ -15,7 +15,7 @@ from kvsim.cache.registry import policy_names
 from kvsim.gpu import cache_models
 from kvsim.gpu.calibration import Calibration
 from kvsim.gpu.validate import ValidateOptions, run_validation
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.replay.options import SimOptions
 
 BUNDLED = Path(__file__).resolve().parents[1] / "traces" / "support_chat.jsonl"

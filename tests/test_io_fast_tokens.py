@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import kvsim
 from kvsim.errors import InputError
 from kvsim.io.readers.tokens import TokensReader
-from kvsim.io.token_scan import BLANK, DECLINED, FAST, Scratch, ScannedBlock
+from kvsim.io.readers.token_scan import BLANK, DECLINED, FAST, Scratch, ScannedBlock
 from trace_equal import assert_same_trace
 
 
@@ -206,7 +206,7 @@ def test_fast_and_general_readers_agree_on_any_bytes(lines, ending, on_error, gz
 @given(st.lists(st.sampled_from([b"\n", b"a", b"\n\n", b"abcdefgh", b"\r\n", b"\x8a"]), max_size=40).map(b"".join),
        st.integers(0, 7))
 def test_line_bounds_eight_bytes_at_a_time_equal_newline_positions(data, skip):
-    from kvsim.io.token_scan import line_bounds
+    from kvsim.io.readers.token_scan import line_bounds
 
     buf = np.frombuffer(b"#" * skip + data, np.uint8)[skip:]  # any alignment
     expected = [0, *(np.flatnonzero(buf == 10) + 1).tolist()]

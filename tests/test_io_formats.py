@@ -10,8 +10,8 @@ import pytest
 
 import kvsim
 from kvsim.errors import ConfigError, KvsimError
-from kvsim.io.templates import get_template, render_chat
-from kvsim.io.tokenizers import get_tokenizer
+from kvsim.io.tokenize.templates import get_template, render_chat
+from kvsim.io.tokenize.tokenizers import get_tokenizer
 
 PUBLIC = Path(__file__).resolve().parents[1] / "traces" / "public"
 SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 8}

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import kvsim
 from kvsim.errors import InputError
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 
 FORMATS = ["auto", "chat", "completion", "tokens", "mooncake", "sharegpt", "kvcache-tester", "azure-csv"]
 FIELDS = ["messages", "prompt", "prompt_token_ids", "output_token_ids", "hash_ids", "input_length",

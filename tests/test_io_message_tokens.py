@@ -1,5 +1,5 @@
-"""Chat prompts assembled from each distinct message's tokens (kvsim.io.message_tokens), the
-messages found by the compiled chat scanner (kvsim.io.chat_scan): token for token and message
+"""Chat prompts assembled from each distinct message's tokens (kvsim.io.tokenize.message_tokens), the
+messages found by the compiled chat scanner (kvsim.io.readers.chat_scan): token for token and message
 start for message start what rendering and tokenizing each whole prompt gives, and the same
 trace or the same error as the general reader on the same bytes."""
 from __future__ import annotations
@@ -17,13 +17,13 @@ from hypothesis import strategies as st
 
 import kvsim
 from kvsim.errors import InputError
-from kvsim.io.chat_scan import BLANK, DECLINED, FAST, ChatScan
-from kvsim.io.message_tokens import MessageTokens
-from kvsim.io.pieces import PieceEncoder, cut_strings
+from kvsim.io.readers.chat_scan import BLANK, DECLINED, FAST, ChatScan
+from kvsim.io.tokenize.message_tokens import MessageTokens
+from kvsim.io.tokenize.pieces import PieceEncoder, cut_strings
 from kvsim.io.readers.base import LoadContext
 from kvsim.io.readers.chat import ChatReader
-from kvsim.io.templates import BUILTIN
-from kvsim.io.tokenizers import get_tokenizer
+from kvsim.io.tokenize.templates import BUILTIN
+from kvsim.io.tokenize.tokenizers import get_tokenizer
 from test_io_pieces import JINJA, TEMPLATES, contents, messages, whole
 from trace_equal import assert_same_trace
 
@@ -131,7 +131,7 @@ def test_scanner_finds_messages_and_keys_equal_bytes_alike():
 
 
 def test_scanner_counts_the_messages_an_earlier_line_held_all_of():
-    from kvsim.io.chat_scan import LineLists
+    from kvsim.io.readers.chat_scan import LineLists
 
     m = [b'{"role":"user","content":"%d"}' % i for i in range(6)]
 
@@ -161,7 +161,7 @@ def test_scanner_counts_the_messages_an_earlier_line_held_all_of():
 
 
 def words_of(data: bytes) -> tuple[np.ndarray, np.ndarray]:
-    from kvsim.io.token_scan import as_words
+    from kvsim.io.readers.token_scan import as_words
 
     buf = np.frombuffer(data, np.uint8)
     return buf, as_words(buf)
@@ -171,7 +171,7 @@ def words_of(data: bytes) -> tuple[np.ndarray, np.ndarray]:
 @given(st.lists(st.sampled_from([b"a", b'"', b"\\", b"{", b"}", b"[", b"]", b",", b" ", b"plain text",
                                   "\u00e9".encode()]), max_size=40).map(b"".join), st.integers(0, 79))
 def test_eight_byte_skipping_equals_the_byte_by_byte_scanner(data, start):
-    from kvsim.io.token_scan import _skip_string, _skip_value
+    from kvsim.io.readers.token_scan import _skip_string, _skip_value
 
     data = b'"' + data if not data.startswith(b'"') else data
     buf, words = words_of(data)
@@ -184,7 +184,7 @@ def test_eight_byte_skipping_equals_the_byte_by_byte_scanner(data, start):
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=70), st.integers(0, 15), st.integers(0, 15))
 def test_message_keys_depend_on_the_bytes_only(data, pad_a, pad_b):
-    from kvsim.io.chat_scan import _key
+    from kvsim.io.readers.chat_scan import _key
 
     keys = []
     for pad in (pad_a, pad_b):  # the same bytes at another alignment
@@ -239,7 +239,7 @@ def test_scanned_log_equals_whole_prompt_reading(tmp_path, jinja_templates, name
 
 @pytest.mark.parametrize("name", LOCAL)
 def test_compiled_gathering_equals_numpy_gathering(tmp_path, monkeypatch, name):
-    import kvsim.io.message_tokens as mt
+    import kvsim.io.tokenize.message_tokens as mt
 
     path = multi_turn_log(tmp_path / "chat.jsonl", sessions=8, turns=5)
     traces = []

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 import kvsim
 import kvsim.errors
-from kvsim.io.pieces import PieceEncoder, cut_strings, overlap_free
+from kvsim.io.tokenize.pieces import PieceEncoder, cut_strings, overlap_free
 from kvsim.io.readers.base import LoadContext
-from kvsim.io.templates import BUILTIN, get_template
-from kvsim.io.tokenizers import get_tokenizer
+from kvsim.io.tokenize.templates import BUILTIN, get_template
+from kvsim.io.tokenize.tokenizers import get_tokenizer
 from test_io_fuzz import VALID as FUZZ_VALID
 from trace_equal import assert_same_trace
 

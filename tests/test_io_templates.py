@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsim.errors import ConfigError
-from kvsim.io.templates import BUILTIN, get_template, render_chat
+from kvsim.io.tokenize.templates import BUILTIN, get_template, render_chat
 
 jinja2 = pytest.importorskip("jinja2")
 

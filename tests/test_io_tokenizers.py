@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsim.errors import ConfigError
-from kvsim.io import tokenizers
-from kvsim.io.templates import get_template
-from kvsim.io.tokenizers import get_tokenizer
+from kvsim.io.tokenize import tokenizers
+from kvsim.io.tokenize.templates import get_template
+from kvsim.io.tokenize.tokenizers import get_tokenizer
 
 LLAMA3 = get_template("llama3").special_tokens
 

@@ -1,4 +1,4 @@
-"""The compiled word splitting of cl100k (kvsim.io.word_tokens): on any texts the same ids as
+"""The compiled word splitting of cl100k (kvsim.io.tokenize.word_tokens): on any texts the same ids as
 tiktoken's encode(text, allowed_special="all"), however the store grows, forgets or clashes."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import tiktoken
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvsim.io import word_tokens
-from kvsim.io.templates import get_template
-from kvsim.io.tokenizers import get_tokenizer
-from kvsim.io.word_tokens import WordTokens
+from kvsim.io.tokenize import word_tokens
+from kvsim.io.tokenize.templates import get_template
+from kvsim.io.tokenize.tokenizers import get_tokenizer
+from kvsim.io.tokenize.word_tokens import WordTokens
 
 SPECIALS = get_template("llama3").special_tokens
 
@@ -102,7 +102,7 @@ def test_only_the_cl100k_pattern_and_overlap_free_specials(tok):
 
 def test_small_batches_are_left_to_tiktoken(monkeypatch):
     """Below WORD_PATH_MIN_CHARS the word path is not taken (nor its compiled code loaded)."""
-    from kvsim.io import tokenizers
+    from kvsim.io.tokenize import tokenizers
 
     monkeypatch.setattr(tokenizers, "WORD_PATH_MIN_CHARS", 1 << 15)
     tok = tokenizers.TiktokenTokenizer(get_tokenizer("cl100k_base", SPECIALS)._enc, [])
@@ -121,7 +121,7 @@ def test_a_chat_log_of_real_prose_reads_as_with_tiktoken(tmp_path, monkeypatch):
     from pathlib import Path
 
     import kvsim
-    from kvsim.io import tokenizers
+    from kvsim.io.tokenize import tokenizers
 
     docs = Path(__file__).resolve().parent.parent / "docs"
     paragraphs = [p for f in sorted(docs.glob("*.md")) for p in f.read_text(encoding="utf-8").split("\n\n") if p.strip()]

@@ -12,7 +12,7 @@ import heapq
 import numpy as np
 import pytest
 
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.sweep.kvcache_lab import block_events, simulate
 from kvsim.sweep.optimal import block_optimal
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.replay.metrics import breakdown, per_request_frame, summarize
 from kvsim.replay.result import ReplayResult
 

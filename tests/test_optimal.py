@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvsim.errors import ConfigError
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.replay.driver import replay
 from kvsim.replay.options import SimOptions
 from kvsim.sweep.optimal import apc_optimal, block_optimal, optimal_model, radix_optimal

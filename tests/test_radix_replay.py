@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kvsim.errors import ConfigError
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.replay.options import SimOptions
 from kvsim.cache.radix.settings import RadixSettings, sglang_chunked_prefill_size
 from kvsim.replay.driver import replay

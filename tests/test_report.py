@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kvsim.errors import KvsimError
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.replay.options import SimOptions
 from kvsim.report import ReportOptions, build_report, capacity_for_share, render_html
 from kvsim.report.prefix_tree import icicle_layout

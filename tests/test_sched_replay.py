@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent / "oracle"))
 from sched_workloads import SchedMix, random_workload, with_stop_token
 
 from kvsim.errors import ConfigError
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.replay.driver import replay
 from kvsim.replay.options import SimOptions
 from kvsim.sched.sglang_scheduler import SglangSchedSettings, replay_sglang_steps

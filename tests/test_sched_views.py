@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.replay.options import SimOptions
 from kvsim.sched.settings import sglang_settings, vllm_budget_defaults, vllm_settings
 from kvsim.sched.step_cost import step_cost

@@ -150,7 +150,7 @@ def test_a_reply_sent_back_is_the_tokens_generated(template):
 
 
 def test_replies_for_a_byte_tokenizer_have_the_exact_length():
-    from kvsim.io.tokenizers import get_tokenizer
+    from kvsim.io.tokenize.tokenizers import get_tokenizer
     from kvsim.serve.replies import ReplyMaker
 
     tok = get_tokenizer("bytes")

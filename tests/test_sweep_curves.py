@@ -15,7 +15,7 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.replay.driver import replay
 from kvsim.replay.metrics import summarize
 from kvsim.replay.options import SimOptions

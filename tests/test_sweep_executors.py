@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from kvsim.errors import ConfigError, KvsimError
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.sweep import run_sweep, sweep
 from kvsim.sweep import executors as runner_mod
 from kvsim.sweep.grid import expand_grid, parse_capacities

@@ -13,7 +13,8 @@ import pytest
 
 import kvsim
 from kvsim.cli import run
-from kvsim.io import load, trace_cache
+from kvsim.io import load
+from kvsim.io.trace import cache as trace_cache
 from trace_equal import assert_same_trace
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 
 ARRAYS = ("offsets", "tokens", "output_lengths", "arrival", "output_offsets", "output_tokens", "output_known",
           "tenant", "cache_salt", "lora", "session", "prompt_logprobs", "logprob_start_len", "arrival_step", "request_ids",

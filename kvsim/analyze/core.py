@@ -18,7 +18,7 @@ from kvsim.analyze.reuse_distance import reuse_distances
 from kvsim.analyze.sessions import session_continuity
 from kvsim.analyze.shape import workload_shape
 from kvsim.analyze.upper_bound import hit_tokens, native_hash_bound, upper_bounds
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.outputs import to_jsonable
 
 PROGRESS_MIN_TOKENS = 20_000_000  # show a progress bar above this many prompt tokens
@@ -191,8 +191,8 @@ def _decoder(trace: Trace, notes: list[str]) -> Callable[[np.ndarray], str] | No
     if not name or trace.meta.hash_block_size is not None:
         return None
     try:
-        from kvsim.io.templates import get_template
-        from kvsim.io.tokenizers import get_tokenizer
+        from kvsim.io.tokenize.templates import get_template
+        from kvsim.io.tokenize.tokenizers import get_tokenizer
 
         specials: tuple[str, ...] = ()
         if trace.meta.chat_template:

@@ -22,7 +22,7 @@ from kvsim.analyze import _kernels as K
 from kvsim.analyze.options import AnalyzeOptions
 from kvsim.analyze.prefixes import clip_text, message_at
 from kvsim.analyze.reuse import PrefixIndex
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 
 HIST_EDGES = (0, 1, 16, 64, 256, 1024, 4096, 16384, 65536)
 Rebound = Callable[[np.ndarray], dict[str, Any]]  # moved tokens -> bound summary

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from kvsim.io.trace import NONE, Trace
+from kvsim.io.trace.columns import NONE, Trace
 
 Bound = Callable[[bool, bool], dict[str, Any]]  # (honour salt, honour lora) -> bound summary
 

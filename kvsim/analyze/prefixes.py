@@ -14,7 +14,7 @@ import numpy as np
 
 from kvsim.analyze import _kernels as K
 from kvsim.analyze.reuse import PrefixIndex
-from kvsim.io.trace import NONE, Trace
+from kvsim.io.trace.columns import NONE, Trace
 
 Decoder = Callable[[np.ndarray], str]
 

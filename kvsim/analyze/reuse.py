@@ -28,7 +28,7 @@ import numpy as np
 
 from kvsim.analyze import _kernels as K
 from kvsim.kernels.table import grow_table, new_table
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 
 G = 16  #: block granularity of level 1 (any finer block size is still exact: level 2 is per token)
 _CHUNK_TOKENS = 1 << 23  # tokens scanned per kernel call (progress updates)

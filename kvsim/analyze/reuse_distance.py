@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 
 TARGETS = (50, 80, 90, 99)
 CURVE = (1e4, 1e5, 1e6, 1e7, 5e7, 1e8, 1e9)

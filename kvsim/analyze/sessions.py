@@ -20,7 +20,7 @@ import numpy as np
 
 from kvsim.analyze import _kernels as K
 from kvsim.analyze.options import AnalyzeOptions
-from kvsim.io.trace import NONE, Trace
+from kvsim.io.trace.columns import NONE, Trace
 
 RETOKENIZE_SKIP = 8  # both sides resume within this many tokens: the same text re-tokenized
 

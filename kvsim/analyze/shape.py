@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.io.trace import NONE, Trace
+from kvsim.io.trace.columns import NONE, Trace
 
 PERCENTILES = (50, 90, 99)
 TIMELINE_BINS = 12

@@ -35,6 +35,6 @@ def _root(
                                              "(see kvsim cache info)."),
 ) -> None:
     """Prefix-cache workload analyzer and KV-cache simulator for LLM serving."""
-    from kvsim.io.trace_cache import enabled_by_default
+    from kvsim.io.trace.cache import enabled_by_default
 
     session["trace_cache"] = enabled_by_default() and not no_trace_cache

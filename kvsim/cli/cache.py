@@ -1,4 +1,4 @@
-"""``kvsim cache info|clear``: the persistent trace cache (see ``kvsim.io.trace_cache``)."""
+"""``kvsim cache info|clear``: the persistent trace cache (see ``kvsim.io.trace.cache``)."""
 from __future__ import annotations
 
 import time
@@ -17,7 +17,7 @@ def info() -> None:
     """Where the cache is, and what it holds (one row per stored trace)."""
     from rich.table import Table
 
-    from kvsim.io.trace_cache import entries, traces_dir
+    from kvsim.io.trace.cache import entries, traces_dir
 
     rows = entries()
     total = sum(e.bytes for e in rows)
@@ -39,7 +39,7 @@ def info() -> None:
 @cache_app.command("clear")
 def clear() -> None:
     """Remove every stored trace."""
-    from kvsim.io.trace_cache import clear as clear_cache, traces_dir
+    from kvsim.io.trace.cache import clear as clear_cache, traces_dir
 
     count, freed = clear_cache()
     console.print(f"removed {count} trace(s), {_size(freed)}, from {traces_dir()}", highlight=False, soft_wrap=True)

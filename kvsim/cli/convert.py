@@ -39,13 +39,13 @@ def convert(
     if not parquet and not name.endswith((".jsonl", ".jsonl.gz")):
         raise ConfigError(f"--output {output}: use a .parquet, .jsonl or .jsonl.gz file name")
     if parquet:
-        from kvsim.io.parquet import pyarrow
+        from kvsim.io.trace.parquet import pyarrow
 
         pyarrow()  # fail before reading a large log
     check_output_path(output, logs, force)
     trace = load_from_cli(logs, fmt, tokenizer, chat_template, trace_block_size, on_error, limit)
     if parquet:
-        from kvsim.io.parquet import write_parquet
+        from kvsim.io.trace.parquet import write_parquet
 
         n = write_parquet(trace, output)
     else:

@@ -14,7 +14,7 @@ import numpy as np
 from kvsim.cache.base import PrefixCache, Request
 from kvsim.errors import ConfigError
 from kvsim.gpu.block_tables import pages_from_block_table
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.replay.options import SimOptions
 
 

@@ -30,7 +30,7 @@ from kvsim.errors import ConfigError, KvsimError
 from kvsim.gpu import roofline
 from kvsim.gpu.calibration import Calibration, fit_calibration
 from kvsim.gpu.configs import LlamaConfig, get_config
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.replay.options import SimOptions
 
 # Relative L2 error allowed between reuse and full prefill (logits and K/V), per dtype.

@@ -1,6 +1,8 @@
-"""Reading prompt logs into a columnar :class:`~kvsim.io.trace.Trace`.
+"""Reading prompt logs into a columnar :class:`~kvsim.io.trace.columns.Trace`, by stage.
 
-``load.py`` is the entry point (``kvsim.load_trace``); ``readers/`` holds one module per
-input format; ``tokenizers.py`` and ``templates.py`` turn chat messages into the token ids a
-serving engine would prefill; ``builder.py`` assembles the columns.
+``load.py`` is the entry point (``kvsim.load_trace``): ``source.py`` opens files,
+``detect.py`` picks the format, ``readers/`` parse one module per input format (with the
+compiled scanners ``chat_scan.py`` and ``token_scan.py``), ``tokenize/`` turns chat messages
+into the token ids a serving engine would prefill, and ``trace/`` assembles the columns and
+stores them between commands.
 """

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from kvsim.errors import InputError
-from kvsim.io.parquet import is_parquet
+from kvsim.io.trace.parquet import is_parquet
 from kvsim.io.readers import READERS
 from kvsim.io.source import Source
 

@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 
 
 def write_tokens_jsonl(trace: Trace, path: str | Path) -> int:

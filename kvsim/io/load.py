@@ -10,10 +10,10 @@ from typing import Any, Mapping, Sequence
 
 from kvsim.errors import ConfigError
 from kvsim.io.detect import detect_format
-from kvsim.io.parquet import is_parquet
+from kvsim.io.trace.parquet import is_parquet
 from kvsim.io.readers import READERS, LoadContext
 from kvsim.io.source import Source, check_input
-from kvsim.io.trace import Trace, TraceMeta
+from kvsim.io.trace.columns import Trace, TraceMeta
 
 FORMATS = ("auto", *READERS)
 ON_ERROR = ("fail", "skip")
@@ -51,7 +51,7 @@ def load_trace(
         limit: read at most this many requests.
         progress: show a progress bar (on stderr) for large inputs.
         reader_options: per-format options, e.g. ``{"subagents": True}`` (kvcache-tester).
-        cache: use the persistent trace cache (:mod:`kvsim.io.trace_cache`): map the trace
+        cache: use the persistent trace cache (:mod:`kvsim.io.trace.cache`): map the trace
             stored by an earlier read of the same files with the same options, or store it.
     """
     sources = _paths(paths)
@@ -61,7 +61,7 @@ def load_trace(
     if not cache or all(is_parquet(p) for p in sources):  # Parquet is read about as fast as mapped
         return _read(sources, format, tokenizer, chat_template, trace_block_size, on_error, limit, progress,
                       reader_options)
-    from kvsim.io import trace_cache
+    from kvsim.io.trace import cache as trace_cache
 
     key = trace_cache.options_key(format=format, tokenizer=tokenizer, chat_template=chat_template,
                                   trace_block_size=trace_block_size, on_error=on_error, limit=limit,

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.io.trace import NONE, Trace
+from kvsim.io.trace.columns import NONE, Trace
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.replay.concurrent import ConcurrentRun, ReplayMode, concurrent_summary
 
 #: (summary key, label, format)

@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvsim.io.summary import distinct, summarize
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 
 
 def summary_table(trace: Trace) -> Group:

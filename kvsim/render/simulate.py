@@ -7,7 +7,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.replay.metrics import breakdowns, summarize
 from kvsim.replay.options import SimOptions
 from kvsim.replay.result import ReplayResult

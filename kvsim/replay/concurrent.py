@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from kvsim.errors import ConfigError
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.replay.options import SimOptions
 from kvsim.replay.requests import output_token_arrays
 from kvsim.sched.clock import Releases

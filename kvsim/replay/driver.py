@@ -13,7 +13,7 @@ import time
 
 from kvsim.cache.base import Progress, SequentialCache
 from kvsim.cache.registry import get_design
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.replay.options import SimOptions
 from kvsim.replay.requests import workload
 from kvsim.replay.result import ReplayResult

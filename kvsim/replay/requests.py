@@ -8,7 +8,7 @@ from typing import Iterator
 import numpy as np
 
 from kvsim.cache.base import Request, Workload
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 
 
 def output_token_arrays(trace: Trace) -> tuple[np.ndarray, np.ndarray]:

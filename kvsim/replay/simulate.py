@@ -4,7 +4,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Any, Iterator
 
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.outputs import is_jsonable
 from kvsim.replay.driver import replay
 from kvsim.replay.metrics import breakdowns, per_request_frame, summarize

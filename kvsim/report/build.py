@@ -18,7 +18,7 @@ import numpy as np
 
 from kvsim.analyze.options import DEFAULT_BLOCK_SIZES
 from kvsim.errors import ConfigError
-from kvsim.io.trace import NONE, Trace
+from kvsim.io.trace.columns import NONE, Trace
 from kvsim.replay.options import SimOptions
 from kvsim.report import figures as F
 from kvsim.report import text as T

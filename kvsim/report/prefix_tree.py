@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 
 MAX_SEGMENTS = 300      # boxes drawn at most (the least-shared ones go first)
 MAX_NODES = 200_000     # nodes walked in Python at most (a higher sharing threshold first)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.errors import ConfigError
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.replay.concurrent import ReplayMode, engine_inputs, releases_for, scheduler_settings
 from kvsim.replay.options import SimOptions
 from kvsim.sched.clock import run

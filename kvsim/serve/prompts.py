@@ -10,7 +10,7 @@ from typing import Any
 from kvsim.io.fields import BadRecord
 from kvsim.io.readers.base import LoadContext
 from kvsim.io.readers.chat import parse_messages
-from kvsim.io.templates import TemplateRenderError
+from kvsim.io.tokenize.templates import TemplateRenderError
 from kvsim.serve.errors import ApiError
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.io.tokenizers import Tokenizer
+from kvsim.io.tokenize.tokenizers import Tokenizer
 from kvsim.workloads import words as vocab
 
 _CANDIDATES = tuple(dict.fromkeys(vocab.COMMON_NOUNS + vocab.COMMON_ADJECTIVES + vocab.COMMON_VERBS

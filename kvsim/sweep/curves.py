@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.errors import ConfigError
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.sweep.stack import NEVER, stack_pass
 
 CURVE_POLICIES = ("apc", "radix", "block-lru")

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from kvsim.errors import ConfigError, KvsimError
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.sweep.grid import SweepPoint
 
 EXECUTORS = ("local", "ray")

@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit
 
 from kvsim.errors import ConfigError
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 
 LAB_POLICIES = ("fifo", "lru", "belady")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.sweep.curves import block_lru_curve
 
 #: Fig. 9 capacities (tokens) and the values read off the plot (traces/README.md §5)

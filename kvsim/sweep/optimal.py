@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.errors import ConfigError
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.sweep.optimal_pass import optimal_pass
 from kvsim.sweep.prefix_trie import PrefixTrie
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.sweep.grid import SweepPoint
 from kvsim.sweep.optimal import OptimalModel, apc_optimal, radix_optimal
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.sweep.curves import LRU_LIKE, CurveModel, curve_model
 from kvsim.sweep.grid import (
     SweepPoint,

@@ -41,8 +41,8 @@ class Encoder:
     """The server's view of a request: a chat template and a tokenizer (kvsim.io's)."""
 
     def __init__(self, tokenizer: str = "cl100k_base", chat_template: str = "llama3") -> None:
-        from kvsim.io.templates import get_template
-        from kvsim.io.tokenizers import get_tokenizer
+        from kvsim.io.tokenize.templates import get_template
+        from kvsim.io.tokenize.tokenizers import get_tokenizer
 
         self.template = get_template(chat_template)
         self.tokenizer = get_tokenizer(tokenizer, self.template.special_tokens)

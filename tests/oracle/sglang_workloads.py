@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("sglang_driver.py")

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.io.trace import Trace
+from kvsim.io.trace.columns import Trace
 from kvsim.replay.requests import output_token_arrays
 
 ROOT = Path(__file__).resolve().parents[2]

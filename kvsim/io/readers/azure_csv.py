@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.errors import InputError
-from kvsim.io.builder import OUT_LOGGED, Part
+from kvsim.io.trace.builder import OUT_LOGGED, Part
 from kvsim.io.fields import BadRecord, MAX_LENGTH, parse_iso_or_number
 from kvsim.io.readers.base import LoadContext, Reader
 from kvsim.io.source import Source

@@ -11,13 +11,13 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping
 import numpy as np
 
 from kvsim.errors import InputError
-from kvsim.io.builder import TraceBuilder
-from kvsim.io.encode import PendingRequest, encode_requests, plan_requests
+from kvsim.io.trace.builder import TraceBuilder
+from kvsim.io.tokenize.encode import PendingRequest, encode_requests, plan_requests
 from kvsim.io.fields import BadRecord, CommonFields, kind, require_object
-from kvsim.io.pieces import PieceEncoder, cut_strings
+from kvsim.io.tokenize.pieces import PieceEncoder, cut_strings
 from kvsim.io.source import Source
-from kvsim.io.templates import ChatTemplate, get_template
-from kvsim.io.tokenizers import Tokenizer, get_tokenizer
+from kvsim.io.tokenize.templates import ChatTemplate, get_template
+from kvsim.io.tokenize.tokenizers import Tokenizer, get_tokenizer
 
 
 @dataclass
@@ -46,7 +46,7 @@ class LoadContext:
     _tokenizer: Tokenizer | None = None
     _template: ChatTemplate | None = None
     _pieces: PieceEncoder | None | bool = False  # False: not decided yet
-    #: tokenize chat prompts piece by piece, each distinct piece once (see kvsim.io.pieces)
+    #: tokenize chat prompts piece by piece, each distinct piece once (see kvsim.io.tokenize.pieces)
     piecewise: ClassVar[bool] = True
 
     # -- lazily loaded: a hash-id trace needs neither ------------------------------------
@@ -194,7 +194,7 @@ class JsonRequestReader(Reader):
         first record is not one the fast path takes: the general reader then reads the whole
         file, so that its special cases for a first line (one pretty-printed JSON document)
         still apply."""
-        from kvsim.io.token_scan import BLANK, FAST
+        from kvsim.io.readers.token_scan import BLANK, FAST
 
         batch: list[PendingRequest] = []
         weight = 0
@@ -258,7 +258,7 @@ class JsonRequestReader(Reader):
     @staticmethod
     def chat_prompt(messages: Iterable[tuple[str, str]], ctx: LoadContext) -> dict[str, Any]:
         """Render messages with the template: the PendingRequest fields of a chat prompt."""
-        from kvsim.io.templates import TemplateRenderError
+        from kvsim.io.tokenize.templates import TemplateRenderError
 
         msgs = list(messages)
         try:

@@ -3,21 +3,21 @@
 The messages are rendered with the chat template (generation prompt appended) and the text
 is tokenized; the logged reply, when present, becomes the known output tokens.
 
-Large files take a fast path: a compiled scanner (:mod:`kvsim.io.chat_scan`) finds each
+Large files take a fast path: a compiled scanner (:mod:`kvsim.io.readers.chat_scan`) finds each
 line's messages, each distinct message (by the raw bytes of its JSON) is parsed and rendered
 once, and only the rest of the line goes through the JSON parser and the usual field
 validation. With a per-message template (llama3, chatml) each distinct message is also
 tokenized once and prompts are assembled from their messages' tokens
-(:mod:`kvsim.io.message_tokens`). A line the scanner does not take, or whose messages or
+(:mod:`kvsim.io.tokenize.message_tokens`). A line the scanner does not take, or whose messages or
 rest are not the plain case, is read by the general reader, which also writes the error.
 """
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from kvsim.io.encode import PendingRequest
+from kvsim.io.tokenize.encode import PendingRequest
 from kvsim.io.fields import BadRecord, common_fields, kind
-from kvsim.io.message_tokens import MAX_HELD_CHARS, MessageTokens
+from kvsim.io.tokenize.message_tokens import MAX_HELD_CHARS, MessageTokens
 from kvsim.io.readers.base import JsonRequestReader, LoadContext, message_text
 from kvsim.io.source import UTF8_BOM, Source, plain_json_bytes
 
@@ -71,7 +71,7 @@ class ChatReader(JsonRequestReader):
         self._forget()
 
     def _forget(self) -> None:
-        # a message's key (kvsim.io.chat_scan) -> (role, content, handle of its piece or None,
+        # a message's key (kvsim.io.readers.chat_scan) -> (role, content, handle of its piece or None,
         # the piece's characters), or None when it is not the plain case (its lines are read by
         # the general reader)
         self._seen: dict[tuple[int, int], tuple[str, str, int | None, int] | None] = {}
@@ -123,7 +123,7 @@ class ChatReader(JsonRequestReader):
 
     # -- the fast path --------------------------------------------------------------------
     def _read_fast(self, src: Source, ctx: LoadContext) -> bool:
-        from kvsim.io.chat_scan import ChatScan, LineLists
+        from kvsim.io.readers.chat_scan import ChatScan, LineLists
 
         lists = LineLists()  # the message lists of the lines scanned so far
         return self.read_scanned(src, ctx, lambda block: ChatScan(block, lists), self._fast_requests, ahead=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvsim.io.encode import PendingRequest
+from kvsim.io.tokenize.encode import PendingRequest
 from kvsim.io.fields import BadRecord, common_fields, kind, token_ids
 from kvsim.io.readers.base import JsonRequestReader, LoadContext
 from kvsim.io.source import Source

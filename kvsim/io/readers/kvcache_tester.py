@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 
 from kvsim.errors import InputError
-from kvsim.io.builder import OUT_LOGGED, Part
+from kvsim.io.trace.builder import OUT_LOGGED, Part
 from kvsim.io.fields import BadRecord, kind, length, require_object, timestamp
 from kvsim.io.hashids import HashIdPrompts
 from kvsim.io.readers.base import LoadContext, Reader
 from kvsim.io.readers.mooncake import hash_id_list
 from kvsim.io.source import Source
-from kvsim.io.trace import NONE
+from kvsim.io.trace.columns import NONE
 
 
 class KvcacheTesterReader(Reader):

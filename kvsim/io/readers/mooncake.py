@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.errors import InputError
-from kvsim.io.builder import OUT_LOGGED, Part
+from kvsim.io.trace.builder import OUT_LOGGED, Part
 from kvsim.io.fields import BadRecord, kind, length, require_object, timestamp
 from kvsim.io.hashids import HashIdPrompts
 from kvsim.io.readers.base import LoadContext, Reader

@@ -1,15 +1,15 @@
-"""Parquet traces (``kvsim convert`` writes them; see :mod:`kvsim.io.parquet` for the columns)."""
+"""Parquet traces (``kvsim convert`` writes them; see :mod:`kvsim.io.trace.parquet` for the columns)."""
 from __future__ import annotations
 
 import numpy as np
 
-from kvsim.io.builder import OUT_DEFAULT, OUT_KNOWN_IDS, OUT_LOGGED, Part
-from kvsim.io.parquet import CATEGORICAL, ParquetColumns, is_parquet
+from kvsim.io.trace.builder import OUT_DEFAULT, OUT_KNOWN_IDS, OUT_LOGGED, Part
+from kvsim.io.trace.parquet import CATEGORICAL, ParquetColumns, is_parquet
 from kvsim.io.readers.base import LoadContext, Reader
 from kvsim.io.source import Source
 from kvsim.errors import InputError
 from kvsim.io.fields import MAX_LENGTH
-from kvsim.io.trace import narrow_tokens
+from kvsim.io.trace.columns import narrow_tokens
 
 
 class ParquetReader(Reader):

@@ -1,7 +1,7 @@
 """Pre-tokenized logs: ``{"prompt_token_ids": [...], "output_token_ids": [...], ...}``
 (what ``kvsim inspect --export`` writes).
 
-Large files take a fast path: a compiled scanner (:mod:`kvsim.io.token_scan`) reads the two id
+Large files take a fast path: a compiled scanner (:mod:`kvsim.io.readers.token_scan`) reads the two id
 arrays of each line straight into integer arrays, and only the rest of the line (the arrays
 cut out) goes through the JSON parser and the usual field validation. A line the scanner
 does not fully understand, or whose rest is not valid, is read by the general reader, which
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from kvsim.io.encode import PendingRequest
+from kvsim.io.tokenize.encode import PendingRequest
 from kvsim.io.fields import BadRecord, common_fields, token_ids
 from kvsim.io.readers.base import JsonRequestReader, LoadContext
 from kvsim.io.source import UTF8_BOM, Source, parse_json
@@ -42,7 +42,7 @@ class TokensReader(JsonRequestReader):
     # -- the fast path --------------------------------------------------------------------
     def _read_fast(self, src: Source, ctx: LoadContext) -> bool:
         """Read ``src`` with the scanner (False: the general reader must read the whole file)."""
-        from kvsim.io.token_scan import Scratch, ScannedBlock
+        from kvsim.io.readers.token_scan import Scratch, ScannedBlock
 
         scratch = Scratch()
         return self.read_scanned(src, ctx, lambda block: ScannedBlock(block, scratch), self._fast_requests)

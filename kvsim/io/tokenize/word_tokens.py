@@ -2,7 +2,7 @@
 
 tiktoken spends most of its time splitting text with its pattern and encoding the same words
 again and again: a log repeats its vocabulary. :class:`WordTokens` splits texts in compiled
-code (:mod:`kvsim.io.word_scan`), asks tiktoken for the tokens of each word it has not seen
+code (:mod:`kvsim.io.tokenize.word_scan`), asks tiktoken for the tokens of each word it has not seen
 (``encode_single_piece``: what tiktoken does to each match), and assembles every text from
 its words' tokens. Pieces holding non-ASCII characters are encoded by tiktoken itself. The
 ids equal ``encode(text, allowed_special="all")`` (``tests/test_io_word_tokens.py``).
@@ -15,10 +15,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from kvsim.io.word_scan import CLASH, DONE, FULL, ITEMS, SPANS, WORDS, assemble, split_words
+from kvsim.io.tokenize.word_scan import CLASH, DONE, FULL, ITEMS, SPANS, WORDS, assemble, split_words
 from kvsim.kernels.table import grow_table, new_table
 
-#: tiktoken's cl100k_base pattern, the one :mod:`kvsim.io.word_scan` writes out
+#: tiktoken's cl100k_base pattern, the one :mod:`kvsim.io.tokenize.word_scan` writes out
 CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|"""
                   r"""\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
 #: distinct words kept; beyond it the words seen so far are forgotten
@@ -42,8 +42,8 @@ class WordTokens:
 
     @staticmethod
     def usable(enc, special_ids: dict[str, int]) -> bool:
-        """Does :mod:`kvsim.io.word_scan` split text as this encoding does?"""
-        from kvsim.io.tokenizers import overlap_free
+        """Does :mod:`kvsim.io.tokenize.word_scan` split text as this encoding does?"""
+        from kvsim.io.tokenize.tokenizers import overlap_free
 
         return (enc._pat_str == CL100K_PATTERN and enc.n_vocab <= 2**31 and overlap_free(tuple(special_ids))
                 and all(s and 0 <= i < 2**30 - 1 for s, i in special_ids.items()))

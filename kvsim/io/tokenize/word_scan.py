@@ -6,7 +6,7 @@ text between them with the encoding's pattern, for cl100k_base::
     '(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s
 
 and byte-pair encoding each match (a *word*) on its own. A word's tokens depend on its bytes
-only, so :class:`~kvsim.io.word_tokens.WordTokens` asks tiktoken once per distinct word. This
+only, so :class:`~kvsim.io.tokenize.word_tokens.WordTokens` asks tiktoken once per distinct word. This
 module does the cutting, in one pass over the UTF-8 bytes:
 
 * special tokens are found as tiktoken finds them: the leftmost one (the set is overlap-free,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsim.io.trace import Trace, TraceMeta
+from kvsim.io.trace.columns import Trace, TraceMeta
 
 MAGIC = b"KVSIMTRC"
 VERSION = 2   # 2: arrival_step

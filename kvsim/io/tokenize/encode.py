@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
 
-from kvsim.io.builder import OUT_DEFAULT, OUT_KNOWN_IDS, OUT_LOGGED, OUT_MAX_TOKENS, Part
-from kvsim.io.pieces import PieceEncoder
-from kvsim.io.templates import RenderedPieces
-from kvsim.io.tokenizers import Tokenizer
-from kvsim.io.trace import NONE, narrow_tokens
+from kvsim.io.trace.builder import OUT_DEFAULT, OUT_KNOWN_IDS, OUT_LOGGED, OUT_MAX_TOKENS, Part
+from kvsim.io.tokenize.pieces import PieceEncoder
+from kvsim.io.tokenize.templates import RenderedPieces
+from kvsim.io.tokenize.tokenizers import Tokenizer
+from kvsim.io.trace.columns import NONE, narrow_tokens
 
 if TYPE_CHECKING:
-    from kvsim.io.message_tokens import MessageTokens, PieceRefs, Plan
+    from kvsim.io.tokenize.message_tokens import MessageTokens, PieceRefs, Plan
 
 
 class Packed(NamedTuple):

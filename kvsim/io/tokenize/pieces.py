@@ -2,7 +2,7 @@
 
 A multi-turn log resends the whole history every turn, so most of its text is pieces seen
 before: the system prompt, earlier questions and replies. The chat template renders a prompt
-as pieces (:class:`~kvsim.io.templates.RenderedPieces`, one per message as rendered at its
+as pieces (:class:`~kvsim.io.tokenize.templates.RenderedPieces`, one per message as rendered at its
 position, plus the template's own text); :class:`PieceEncoder` tokenizes each distinct piece
 once, in bulk, and assembles every prompt from its pieces' tokens.
 
@@ -23,8 +23,8 @@ from typing import Sequence
 
 import numpy as np
 
-from kvsim.io.templates import RenderedPieces
-from kvsim.io.tokenizers import Tokenizer, overlap_free
+from kvsim.io.tokenize.templates import RenderedPieces
+from kvsim.io.tokenize.tokenizers import Tokenizer, overlap_free
 
 #: tokens held for reuse, in bytes of ids; beyond it the cache starts over
 MAX_CACHED_BYTES = 256 << 20

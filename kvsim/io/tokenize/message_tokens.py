@@ -1,6 +1,6 @@
 """Chat prompts of a per-message template, assembled from each distinct message's tokens.
 
-A template with a :class:`~kvsim.io.templates.LocalForm` (llama3, chatml) renders every
+A template with a :class:`~kvsim.io.tokenize.templates.LocalForm` (llama3, chatml) renders every
 message on its own, so a prompt is the template's head, one piece per message and the
 generation prompt. :class:`MessageTokens` gives each distinct piece a handle the first time it
 is seen (the reader keys messages by the raw bytes of their JSON, so a message resent turn
@@ -8,14 +8,14 @@ after turn is parsed and rendered once), tokenizes the new pieces of each batch 
 the cores, and assembles every prompt by concatenating its pieces' token arrays.
 
 This equals tokenizing the whole prompt when every piece starts with a special token of an
-overlap-free set (:mod:`kvsim.io.pieces` says why): the tokenizer cuts the text there
+overlap-free set (:mod:`kvsim.io.tokenize.pieces` says why): the tokenizer cuts the text there
 first. A piece that does not is not given a handle, and its prompt is rendered and tokenized
-as :class:`~kvsim.io.pieces.PieceEncoder` does (``tests/test_io_message_tokens.py``).
+as :class:`~kvsim.io.tokenize.pieces.PieceEncoder` does (``tests/test_io_message_tokens.py``).
 
 An assistant message usually repeats the logged reply of the turn before, which is
 tokenized anyway (it is that turn's output). Its piece is then assembled from the reply's
 tokens between the template text's, where the tokenizer confirms that the join changes
-nothing (:meth:`~kvsim.io.tokenizers.Tokenizer.joins`), instead of being tokenized again.
+nothing (:meth:`~kvsim.io.tokenize.tokenizers.Tokenizer.joins`), instead of being tokenized again.
 """
 from __future__ import annotations
 
@@ -26,16 +26,16 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from kvsim.io.encode import Packed
-from kvsim.io.pieces import PieceEncoder
-from kvsim.io.templates import LocalForm, RenderedPieces
-from kvsim.io.tokenizers import Tokenizer
+from kvsim.io.tokenize.encode import Packed
+from kvsim.io.tokenize.pieces import PieceEncoder
+from kvsim.io.tokenize.templates import LocalForm, RenderedPieces
+from kvsim.io.tokenize.tokenizers import Tokenizer
 
 #: characters of distinct pieces (and raw message bytes) held; beyond it the reader starts a new store
 MAX_HELD_CHARS = 128 << 20
 #: characters of replies kept (as tokens) for the next turn's history; beyond it they are dropped
 MAX_REPLY_CHARS = 64 << 20
-#: batches of at least this many prompt tokens are gathered by compiled code (kvsim.io.gather)
+#: batches of at least this many prompt tokens are gathered by compiled code (kvsim.io.tokenize.gather)
 COMPILED_GATHER_TOKENS = 1 << 18
 
 
@@ -277,7 +277,7 @@ class MessageTokens:
         first = 0 if self.head is None else 1
         total = int(sizes.sum())
         if total >= COMPILED_GATHER_TOKENS:
-            from kvsim.io.gather import gather_pieces
+            from kvsim.io.tokenize.gather import gather_pieces
 
             tokens = np.empty(total, self._flat.dtype)
             lengths = np.empty(len(counts), np.int64)

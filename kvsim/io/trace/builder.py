@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from kvsim.errors import ConfigError
-from kvsim.io.trace import NONE, Trace, TraceMeta
+from kvsim.io.trace.columns import NONE, Trace, TraceMeta
 
 CATEGORIES = ("tenant", "cache_salt", "lora", "session")
 #: how a request's output length was obtained (TraceMeta.notes counts the fallbacks)
@@ -234,6 +234,6 @@ def _cat(arrays: list[np.ndarray], dtype) -> np.ndarray:
 
 
 def _narrow(tokens: np.ndarray) -> np.ndarray:
-    from kvsim.io.trace import narrow_tokens
+    from kvsim.io.trace.columns import narrow_tokens
 
     return narrow_tokens(tokens)

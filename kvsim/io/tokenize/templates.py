@@ -58,7 +58,7 @@ class RenderedPieces(NamedTuple):
 
     ``"".join(pieces)`` is the prompt; message *k* starts at character ``starts[k][1]`` of
     piece ``starts[k][0]``. Equal pieces are equal text, whatever their message's position,
-    so their tokens can be reused (see :mod:`kvsim.io.pieces`).
+    so their tokens can be reused (see :mod:`kvsim.io.tokenize.pieces`).
     """
 
     pieces: list[str]
@@ -84,7 +84,7 @@ class LocalForm:
     """A template that renders each message on its own: ``head`` (when there is a message),
     then each message's piece, then the generation prompt ``tail``. Message 0 starts at the
     head; message *k* at its own piece. Its pieces can be cached per message (see
-    :mod:`kvsim.io.message_tokens`).
+    :mod:`kvsim.io.tokenize.message_tokens`).
 
     ``parts(role, content)`` gives a message's piece as (template text before, the message
     text, template text after), so that an assistant message's text can be matched with the

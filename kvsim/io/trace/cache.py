@@ -33,7 +33,7 @@ from kvsim.errors import KvsimError
 from kvsim.outputs import atomic_file, make_dir, write_bytes_atomic
 
 if TYPE_CHECKING:
-    from kvsim.io.trace import Trace
+    from kvsim.io.trace.columns import Trace
 
 ENV_DIR = "KVSIM_CACHE_DIR"
 ENV_OFF = "KVSIM_NO_TRACE_CACHE"
@@ -121,9 +121,9 @@ def options_key(*, format: str, tokenizer: str, chat_template: str, trace_block_
 
 def entry_key(sources: Sequence[Path], options: dict[str, Any]) -> str:
     from kvsim import __version__
-    from kvsim.io.trace_file import VERSION as FILE_VERSION
+    from kvsim.io.trace.mapped import VERSION as FILE_VERSION
 
-    from kvsim.io.trace import Trace, TraceMeta
+    from kvsim.io.trace.columns import Trace, TraceMeta
 
     ident = {"trace_format": TRACE_FORMAT, "file_format": FILE_VERSION, "kvsim": __version__,
              "fields": [f.name for cls in (Trace, TraceMeta) for f in dataclasses.fields(cls)],
@@ -134,7 +134,7 @@ def entry_key(sources: Sequence[Path], options: dict[str, Any]) -> str:
 # -- lookup and store ------------------------------------------------------------------------
 def lookup(sources: Sequence[Path], options: dict[str, Any]) -> "Trace | None":
     """The stored trace of these files and options, if it is still theirs; else None."""
-    from kvsim.io.trace_file import TraceFileError, read_trace_file
+    from kvsim.io.trace.mapped import TraceFileError, read_trace_file
 
     folder = traces_dir()
     key = entry_key(sources, options)
@@ -195,7 +195,7 @@ class PendingStore:
 
     def store(self, trace: "Trace") -> bool:
         """Write the entry, unless a file changed while it was read. False if nothing was stored."""
-        from kvsim.io.trace_file import write_trace_file
+        from kvsim.io.trace.mapped import write_trace_file
 
         self._thread.join()
         try:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.errors import ConfigError, InputError
-from kvsim.io.trace import NONE, Trace
+from kvsim.io.trace.columns import NONE, Trace
 
 PARQUET_MAGIC = b"PAR1"
 METADATA_KEY = b"kvsim"

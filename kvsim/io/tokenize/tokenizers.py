@@ -144,7 +144,7 @@ def overlap_free(specials: tuple[str, ...]) -> bool:
 
 
 def _narrow(ids: np.ndarray) -> np.ndarray:
-    from kvsim.io.trace import narrow_tokens
+    from kvsim.io.trace.columns import narrow_tokens
 
     return narrow_tokens(ids)
 
@@ -213,7 +213,7 @@ class TiktokenTokenizer(Tokenizer):
     @functools.cached_property
     def _words(self):
         """Each distinct word's tokens, when this encoding splits text as cl100k does."""
-        from kvsim.io.word_tokens import WordTokens
+        from kvsim.io.tokenize.word_tokens import WordTokens
 
         return WordTokens(self._enc, self.special_token_ids) if WordTokens.usable(self._enc, self.special_token_ids) \
             else None
@@ -389,7 +389,7 @@ def load_tiktoken_encoding(name: str, timeout: float | None = None):
 
 
 def _failures_file() -> Path:
-    from kvsim.io.trace_cache import cache_root
+    from kvsim.io.trace.cache import cache_root
 
     return cache_root() / "tiktoken-failures.json"
 

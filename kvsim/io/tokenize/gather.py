@@ -1,6 +1,6 @@
 """Compiled assembly of chat prompts from their pieces' token ids (large batches).
 
-:meth:`kvsim.io.message_tokens.MessageTokens._pack` gathers a batch's prompts with numpy; a
+:meth:`kvsim.io.tokenize.message_tokens.MessageTokens._pack` gathers a batch's prompts with numpy; a
 batch of many tokens is gathered here instead, in one pass that holds no lock (the reading
 thread parses the next lines meanwhile). Both give the same arrays
 (``tests/test_io_message_tokens.py``).

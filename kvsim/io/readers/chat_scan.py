@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kvsim.io.token_scan import (BLANK, DECLINED, FAST, _is_key, _skip_string, _skip_value, _word, _ws,
+from kvsim.io.readers.token_scan import (BLANK, DECLINED, FAST, _is_key, _skip_string, _skip_value, _word, _ws,
                                   as_words, line_bounds)
 from kvsim.kernels.table import grow_table, new_table, probe
 
