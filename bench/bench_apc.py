@@ -38,8 +38,8 @@ import vllm_client
 
 from kvsim.io.trace.columns import Trace
 from common import pin_to_one_cpu, synthetic_chat  # noqa: E402
-from kvsim.replay.driver import replay
-from kvsim.replay.options import SimOptions
+from kvsim.drive.sequential import replay
+from kvsim.engines.options import SimOptions
 
 MOONCAKE = ROOT / "traces" / "public" / "conversation_trace.jsonl"
 

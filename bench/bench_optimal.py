@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     from kvsim.io.load import load_trace
-    from kvsim.replay.driver import replay
-    from kvsim.replay.options import SimOptions
+    from kvsim.drive.sequential import replay
+    from kvsim.engines.options import SimOptions
     from kvsim.sweep.optimal import optimal_model
 
     cpu = pin_to_one_cpu()

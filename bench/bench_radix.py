@@ -39,9 +39,9 @@ sys.path.insert(0, str(ROOT))
 
 from kvsim.io.trace.columns import Trace  # noqa: E402
 from common import pin_to_one_cpu, synthetic_chat  # noqa: E402
-from kvsim.replay.options import SimOptions  # noqa: E402
-from kvsim.replay.driver import replay  # noqa: E402
-from kvsim.replay.requests import output_token_arrays  # noqa: E402
+from kvsim.engines.options import SimOptions  # noqa: E402
+from kvsim.drive.sequential import replay  # noqa: E402
+from kvsim.drive.requests import output_token_arrays  # noqa: E402
 
 MOONCAKE = ROOT / "traces" / "public" / "conversation_trace.jsonl"
 DRIVER = ROOT / "tests" / "oracle" / "sglang_driver.py"

@@ -45,12 +45,12 @@ from sched_scenarios import sglang_job, vllm_job  # noqa: E402
 
 from kvsim.io.load import load_trace  # noqa: E402
 from kvsim.models import apc_num_gpu_blocks, radix_max_total_tokens  # noqa: E402
-from kvsim.replay.options import SimOptions  # noqa: E402
-from kvsim.replay.requests import output_token_arrays  # noqa: E402
-from kvsim.sched.clock import Releases  # noqa: E402
-from kvsim.sched.sglang_scheduler import SglangSchedSettings  # noqa: E402
-from kvsim.sched.timed import replay_steps  # noqa: E402
-from kvsim.sched.vllm_scheduler import VllmSchedSettings  # noqa: E402
+from kvsim.engines.options import SimOptions  # noqa: E402
+from kvsim.drive.requests import output_token_arrays  # noqa: E402
+from kvsim.drive.clock import Releases  # noqa: E402
+from kvsim.engines.sglang.scheduler import SglangSchedSettings  # noqa: E402
+from kvsim.drive.timed import replay_steps  # noqa: E402
+from kvsim.engines.vllm.scheduler import VllmSchedSettings  # noqa: E402
 
 MOONCAKE = ROOT / "traces" / "public" / "conversation_trace.jsonl"
 MODEL, GPU = "llama-3-8b", "H100-80GB"

@@ -59,7 +59,7 @@ def timed(fn):
 
 
 def options(policy: str, size: int, capacity: float):
-    from kvsim.replay.options import SimOptions
+    from kvsim.engines.options import SimOptions
 
     key = "block_size" if policy == "apc" else "page_size"
     return SimOptions(capacity_tokens=capacity, **{key: size})
@@ -68,8 +68,8 @@ def options(policy: str, size: int, capacity: float):
 def bench_setting(trace, policy: str, size: int, capacities: list[float], repeat: int) -> dict:
     from functools import partial
 
-    from kvsim.replay.driver import replay as replay_policy
-    from kvsim.replay.metrics import summarize
+    from kvsim.drive.sequential import replay as replay_policy
+    from kvsim.drive.metrics import summarize
     from kvsim.sweep import curve_model
 
     replay = partial(replay_policy, policy)
@@ -121,8 +121,8 @@ def random_workload(seed: int, n: int = 300):
 def random_accuracy(seeds: int) -> None:
     import numpy as np
 
-    from kvsim.replay.driver import replay
-    from kvsim.replay.metrics import summarize
+    from kvsim.drive.sequential import replay
+    from kvsim.drive.metrics import summarize
     from kvsim.sweep import curve_model
 
     caps = [16, 40, 80, 120, 160, 240, 400, 1000, 4000, math.inf]

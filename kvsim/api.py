@@ -6,12 +6,12 @@ from typing import Any
 
 import pandas as pd
 
-from kvsim.cache.registry import resolve_policies
+from kvsim.engines.registry import resolve_policies
 from kvsim.io.trace.columns import Trace
-from kvsim.replay.driver import replay
-from kvsim.replay.metrics import breakdowns, per_request_frame, summarize
-from kvsim.replay.options import SimOptions
-from kvsim.replay.result import ReplayResult
+from kvsim.drive.sequential import replay
+from kvsim.drive.metrics import breakdowns, per_request_frame, summarize
+from kvsim.engines.options import SimOptions
+from kvsim.drive.result import ReplayResult
 
 
 def _as_trace(trace: Trace | str | Path, **load_kwargs: Any) -> Trace:

@@ -226,7 +226,7 @@ def vllm_blocks_for_memory(memory_bytes: int, kv_bytes_per_token: int, block_siz
 
 def sglang_tokens_for_memory(memory_bytes: int, kv_bytes_per_token: int, page_size: int) -> int:
     """SGLang's max_total_num_tokens for this much KV memory (whole tokens, page-aligned)."""
-    from kvsim.cache.radix.rules import floor_page
+    from kvsim.engines.sglang.rules import floor_page
 
     return floor_page(int(memory_bytes) // int(kv_bytes_per_token), int(page_size))
 
@@ -278,7 +278,7 @@ def radix_max_total_tokens(options) -> int | None:
         tokens = mem // model.kv_bytes_per_token()
     else:
         return None
-    from kvsim.cache.radix.rules import floor_page
+    from kvsim.engines.sglang.rules import floor_page
 
     tokens = floor_page(tokens, p)
     if tokens <= 0:

@@ -53,7 +53,7 @@ step() {  # step NAME SECONDS CMD...: run with a timeout, record failure, keep g
 step "kernels vs reference, speed vs SDPA" 100 "$PY" -m kvsim.gpu.cuda_check --out "$OUT" "${CHECK_ARGS[@]}"
 step "gpu-validate apc" 110 "$VENV/bin/kvsim" gpu-validate "$TRACE" --policy apc --device "$DEVICE" \
   --model "$MODEL" --requests "$REQUESTS" --out "$OUT/validate-apc"
-if "$PY" -c "import sys; from kvsim.cache.registry import policy_names; sys.exit('radix' not in policy_names())"; then
+if "$PY" -c "import sys; from kvsim.engines.registry import policy_names; sys.exit('radix' not in policy_names())"; then
   step "gpu-validate radix" 60 "$VENV/bin/kvsim" gpu-validate "$TRACE" --policy radix --device "$DEVICE" \
     --model "$MODEL" --requests "$REQUESTS" --out "$OUT/validate-radix"
 fi

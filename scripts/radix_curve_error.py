@@ -23,7 +23,7 @@ import numpy as np
 
 def admits_all(trace, page: int) -> float:
     """The smallest capacity (tokens) at which SGLang's admission rule rejects no request."""
-    from kvsim.cache.radix.rules import CLIP_MAX_NEW_TOKENS
+    from kvsim.engines.sglang.rules import CLIP_MAX_NEW_TOKENS
 
     L = trace.prompt_lengths
     M = np.maximum(trace.output_lengths, 1)
@@ -36,9 +36,9 @@ def admits_all(trace, page: int) -> float:
 def measure(path: str, page: int, points: int, dense: int, step: float,
             max_points: int) -> tuple[float, float, float, float, int]:
     from kvsim.io.load import load_trace
-    from kvsim.replay.metrics import summarize
-    from kvsim.replay.options import SimOptions
-    from kvsim.replay.driver import replay
+    from kvsim.drive.metrics import summarize
+    from kvsim.engines.options import SimOptions
+    from kvsim.drive.sequential import replay
     from kvsim.sweep.curves import curve_model
     from kvsim.sweep.dense import dense_capacities
 

@@ -9,8 +9,8 @@ import pytest
 
 from kvsim.analyze import AnalyzeOptions, analyze
 from kvsim.io.trace.columns import Trace
-from kvsim.replay.driver import replay
-from kvsim.replay.options import SimOptions
+from kvsim.drive.sequential import replay
+from kvsim.engines.options import SimOptions
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 

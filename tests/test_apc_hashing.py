@@ -6,7 +6,9 @@ import pickle
 import numpy as np
 import pytest
 
-from kvsim.cache.apc import hash_kernels, hashing
+from kvsim.engines.vllm import hash_kernels
+
+from kvsim.engines.vllm import hashing
 from kvsim.errors import ConfigError
 
 # Golden vectors from vLLM 0.33.0 itself (get_request_block_hasher, block size 4, tokens
@@ -166,7 +168,7 @@ def test_few_blocks_hash_in_python_as_the_kernel_does():
         hash_kernels.fast_hash_sequence(tokens, *args, a)
         saved = dict(__import__("sys").modules)
         try:  # as if the kernels were not loaded yet
-            __import__("sys").modules.pop("kvsim.cache.apc.hash_kernels")
+            __import__("sys").modules.pop("kvsim.engines.vllm.hash_kernels")
             hashing.fast_hash_sequence(tokens, *args, b)
         finally:
             __import__("sys").modules.update(saved)

@@ -18,11 +18,11 @@ sys.path.insert(0, str(Path(__file__).parent / "oracle"))
 import vllm_client
 from vllm_workloads import Mix, random_trace
 
-from kvsim.cache.apc import hashing
+from kvsim.engines.vllm import hashing
 from kvsim.io.trace.columns import Trace
-from kvsim.replay.driver import replay_detailed
-from kvsim.replay.options import SimOptions
-from kvsim.replay.requests import output_token_arrays
+from kvsim.drive.sequential import replay_detailed
+from kvsim.engines.options import SimOptions
+from kvsim.drive.requests import output_token_arrays
 
 pytestmark = pytest.mark.oracle
 

@@ -11,11 +11,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "oracle"))
 from vllm_workloads import Mix, random_trace
 
-from kvsim.cache.apc.metrics import CachingMetrics, PrefixCacheStats, sequential_hit_rate_figures
+from kvsim.engines.vllm.metrics import CachingMetrics, PrefixCacheStats, sequential_hit_rate_figures
 from kvsim.errors import ConfigError, KvsimError
 from kvsim.io.trace.columns import Trace
-from kvsim.replay.driver import replay, replay_detailed
-from kvsim.replay.options import SimOptions
+from kvsim.drive.sequential import replay, replay_detailed
+from kvsim.engines.options import SimOptions
 
 C48 = [0] * 16 + [1] * 16 + [2] * 16
 
@@ -223,10 +223,10 @@ def test_fast_engine_serves_one_request_at_a_time_like_a_replay(algo):
     """APCFast.serve (one request per call, on a pool that lives across calls) gives the
     same per-request results and the same final pool as replaying the whole trace at once,
     and the reference model's serve agrees with both."""
-    from kvsim.cache.apc.fast import APCFast
-    from kvsim.cache.apc.reference import APCReference
-    from kvsim.cache.apc.settings import APCSettings
-    from kvsim.replay.requests import workload
+    from kvsim.engines.vllm.fast import APCFast
+    from kvsim.engines.vllm.reference import APCReference
+    from kvsim.engines.vllm.settings import APCSettings
+    from kvsim.drive.requests import workload
 
     trace = random_trace(21, Mix(n=300, p_plp=0.1))
     settings = APCSettings(block_size=16, num_gpu_blocks=90, hash_algo=algo)

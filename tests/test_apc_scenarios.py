@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.cache.apc import hashing
-from kvsim.cache.apc.reference import APCManager, BlockHasher, Sequence
-from kvsim.cache.apc.settings import PROFILES
-from kvsim.cache.apc.metrics import CachingMetrics, PrefixCacheStats
-from kvsim.cache.apc.pool import BlockPool
+from kvsim.engines.vllm import hashing
+from kvsim.engines.vllm.reference import APCManager, BlockHasher, Sequence
+from kvsim.engines.vllm.settings import PROFILES
+from kvsim.engines.vllm.metrics import CachingMetrics, PrefixCacheStats
+from kvsim.engines.vllm.pool import BlockPool
 
 B = 16
 C48 = [0] * 16 + [1] * 16 + [2] * 16

@@ -5,7 +5,7 @@
 - every citation of an engine rule in kvsim/, tests/, bench/ and scripts/
   (``docs/engines/apc.md §3.5``, or the older ``vllm_apc.md §3.5`` / ``sglang_radix.md §5.3``)
   names a section heading that exists in docs/engines/apc.md or docs/engines/radix.md
-  (in kvsim/sched/, a bare § cites vllm-scheduler.md or sglang-scheduler.md);
+  (in an engine's scheduler modules, a bare § cites vllm-scheduler.md or sglang-scheduler.md);
 - the README stays a front page (under 16 KB).
 """
 from __future__ import annotations
@@ -140,9 +140,11 @@ def citations(path: Path):
     (``traces/README.md §5``) and ones that cannot be placed are left out.
     """
     last_page = None
-    path_page = ("apc" if re.search(r"apc|vllm", path.name) else
-                 "radix" if re.search(r"radix|sglang", path.name) else None)
-    sched = path.parent.name == "sched"   # kvsim/sched: a bare § cites the file's scheduler page
+    named = f"{path.parent.name}/{path.name}"
+    path_page = ("apc" if re.search(r"apc|vllm", named) else
+                 "radix" if re.search(r"radix|sglang", named) else None)
+    # an engine's scheduler modules: a bare § cites the engine's scheduler page
+    sched = path.parent.name in ("vllm", "sglang") and path.stem in ("scheduler", "adder", "policy")
     if sched and path_page:
         path_page = SCHEDULER_PAGES["vllm" if path_page == "apc" else "sglang"]
     for lineno, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):

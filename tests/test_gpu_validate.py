@@ -10,13 +10,13 @@ import pytest
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (kernels on CPU tensors)
 torch = pytest.importorskip("torch", reason="gpu extra not installed (pip install 'kvsim[gpu]')")
 
-from kvsim.cache.base import Admission
-from kvsim.cache.registry import policy_names
+from kvsim.engines.base import Admission
+from kvsim.engines.registry import policy_names
 from kvsim.gpu import cache_models
 from kvsim.gpu.calibration import Calibration
 from kvsim.gpu.validate import ValidateOptions, run_validation
 from kvsim.io.trace.columns import Trace
-from kvsim.replay.options import SimOptions
+from kvsim.engines.options import SimOptions
 
 BUNDLED = Path(__file__).resolve().parents[1] / "traces" / "support_chat.jsonl"
 
@@ -121,9 +121,9 @@ def test_overclaimed_cached_tokens_are_caught(monkeypatch):
 def test_radix_admission_table_holds_the_cached_prefix_slots():
     """A radix admission's block table starts with the slots of the matched prefix (SGLang's
     prefix_indices), never the padding slot 0 — the bug gpu-validate first found."""
-    from kvsim.cache.base import Request
-    from kvsim.cache.radix.reference import RadixReference
-    from kvsim.cache.radix.settings import RadixSettings
+    from kvsim.engines.base import Request
+    from kvsim.engines.sglang.reference import RadixReference
+    from kvsim.engines.sglang.settings import RadixSettings
 
     model = RadixReference(RadixSettings(page_size=1))
     prompt = np.arange(10)

@@ -1,10 +1,10 @@
-"""Summary figures computed from a replay result (definitions in kvsim/replay/metrics.py)."""
+"""Summary figures computed from a replay result (definitions in kvsim/drive/metrics.py)."""
 import numpy as np
 import pytest
 
 from kvsim.io.trace.columns import Trace
-from kvsim.replay.metrics import breakdown, per_request_frame, summarize
-from kvsim.replay.result import ReplayResult
+from kvsim.drive.metrics import breakdown, per_request_frame, summarize
+from kvsim.drive.result import ReplayResult
 
 
 def _result(cached, rejected=None, read=None):

@@ -6,7 +6,7 @@ import pytest
 from kvsim.errors import ConfigError, InputError
 from kvsim.models import (GiB, apc_num_gpu_blocks, get_model, parse_bytes, radix_max_total_tokens,
                           sglang_mem_fraction_static)
-from kvsim.replay.options import SimOptions
+from kvsim.engines.options import SimOptions
 
 
 def test_llama3_8b_kv_bytes_match_the_specs_worked_examples():

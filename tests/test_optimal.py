@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from kvsim.errors import ConfigError
 from kvsim.io.trace.columns import Trace
-from kvsim.replay.driver import replay
-from kvsim.replay.options import SimOptions
+from kvsim.drive.sequential import replay
+from kvsim.engines.options import SimOptions
 from kvsim.sweep.optimal import apc_optimal, block_optimal, optimal_model, radix_optimal
 from kvsim.sweep.packing import seg_add, seg_min, seg_new
 from kvsim.sweep.prefix_trie import PrefixTrie

@@ -12,9 +12,9 @@ import pytest
 
 from kvsim.cli import run
 from kvsim.io.load import load_trace
-from kvsim.replay.driver import replay
-from kvsim.replay.metrics import summarize
-from kvsim.replay.options import SimOptions
+from kvsim.drive.sequential import replay
+from kvsim.drive.metrics import summarize
+from kvsim.engines.options import SimOptions
 from kvsim.report import ReportOptions, build_report
 from kvsim.sweep import sweep
 from kvsim.sweep.optimal import apc_optimal, radix_optimal

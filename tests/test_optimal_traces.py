@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from kvsim.io.load import load_trace
-from kvsim.replay.driver import replay
-from kvsim.replay.options import SimOptions
+from kvsim.drive.sequential import replay
+from kvsim.engines.options import SimOptions
 from kvsim.sweep.optimal import apc_optimal, radix_optimal
 from kvsim.warmup import measured_mask
 

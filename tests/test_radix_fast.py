@@ -11,11 +11,11 @@ import itertools
 import numpy as np
 import pytest
 
-from kvsim.cache.base import Request
-from kvsim.cache.radix.reference import RadixReference, namespace
-from kvsim.cache.radix.fast import RadixFast
-from kvsim.cache.radix.settings import RadixSettings
-from kvsim.cache.radix.stats import tree_report
+from kvsim.engines.base import Request
+from kvsim.engines.sglang.reference import RadixReference, namespace
+from kvsim.engines.sglang.fast import RadixFast
+from kvsim.engines.sglang.settings import RadixSettings
+from kvsim.engines.sglang.stats import tree_report
 from tests.oracle.sglang_workloads import make_workload
 
 POLICIES = ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru"]

@@ -27,10 +27,10 @@ import json
 import numpy as np
 import pytest
 
-from kvsim.cache.base import Request
-from kvsim.cache.radix.reference import RadixReference, namespace
-from kvsim.cache.radix.fast import RadixFast
-from kvsim.cache.radix.settings import RadixSettings
+from kvsim.engines.base import Request
+from kvsim.engines.sglang.reference import RadixReference, namespace
+from kvsim.engines.sglang.fast import RadixFast
+from kvsim.engines.sglang.settings import RadixSettings
 from tests.oracle.sglang_workloads import Workload, add_logprob_requests, make_workload, run_oracle
 
 pytestmark = pytest.mark.oracle
@@ -196,8 +196,8 @@ def test_reference_model_logprob_requests_match_sglang(logprob_oracle, cfg):
 
 def test_replay_radix_with_logprob_requests_matches_sglang(logprob_oracle):
     """End to end through the trace column: replay_radix on the logprob workload."""
-    from kvsim.replay.options import SimOptions
-    from kvsim.replay.driver import replay
+    from kvsim.engines.options import SimOptions
+    from kvsim.drive.sequential import replay
 
     cfg = LOGPROB_CONFIGS[5]
     real = logprob_oracle[json.dumps(cfg, sort_keys=True)]
@@ -332,9 +332,9 @@ def test_replay_radix_on_mooncake_matches_sglang(tmp_path):
     from pathlib import Path
 
     import kvsim
-    from kvsim.replay.options import SimOptions
-    from kvsim.replay.driver import replay
-    from kvsim.replay.requests import output_token_arrays
+    from kvsim.engines.options import SimOptions
+    from kvsim.drive.sequential import replay
+    from kvsim.drive.requests import output_token_arrays
 
     path = Path(__file__).resolve().parents[1] / "traces" / "public" / "conversation_trace.jsonl"
     if not path.exists():
@@ -360,7 +360,7 @@ def test_tree_scenarios_match_the_real_trees():
     import subprocess
     from pathlib import Path
 
-    from kvsim.cache.radix.tree import RadixTree
+    from kvsim.engines.sglang.tree import RadixTree
     from tests.oracle.sglang_tree_scenarios import scenarios
     from tests.oracle.sglang_workloads import oracle_python
 

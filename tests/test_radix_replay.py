@@ -6,9 +6,9 @@ import pytest
 
 from kvsim.errors import ConfigError
 from kvsim.io.trace.columns import Trace
-from kvsim.replay.options import SimOptions
-from kvsim.cache.radix.settings import RadixSettings, sglang_chunked_prefill_size
-from kvsim.replay.driver import replay
+from kvsim.engines.options import SimOptions
+from kvsim.engines.sglang.settings import RadixSettings, sglang_chunked_prefill_size
+from kvsim.drive.sequential import replay
 from tests.oracle.sglang_workloads import make_workload
 
 

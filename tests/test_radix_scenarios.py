@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvsim.cache.base import Request
-from kvsim.cache.radix.tree import RadixTree
-from kvsim.cache.radix.reference import RadixReference
-from kvsim.cache.radix.fast import RadixFast
-from kvsim.cache.radix.settings import RadixSettings
+from kvsim.engines.base import Request
+from kvsim.engines.sglang.tree import RadixTree
+from kvsim.engines.sglang.reference import RadixReference
+from kvsim.engines.sglang.fast import RadixFast
+from kvsim.engines.sglang.settings import RadixSettings
 
 FLAVORS = ["unified", "classic"]
 

@@ -11,9 +11,9 @@ import json
 import pytest
 
 import kvsim
-from kvsim.cache.radix.stats import format_tree
-from kvsim.replay.options import SimOptions
-from kvsim.replay.driver import replay_detailed
+from kvsim.engines.sglang.stats import format_tree
+from kvsim.engines.options import SimOptions
+from kvsim.drive.sequential import replay_detailed
 
 SYSTEM = ("You are ReviewBot, an expert code reviewer. You review code written in Python, JavaScript "
           "and Go. Every finding names the problem, explains why it matters and shows a fix.")
@@ -89,7 +89,7 @@ def test_seed_tree_and_cached_tokens(trace, capsys):
 
 def test_seed_cached_tokens_radix_vs_apc(trace):
     """The same trace through both models: APC caches whole 16-token blocks only."""
-    from kvsim.replay.driver import replay
+    from kvsim.drive.sequential import replay
 
     radix, _ = replay_detailed("radix", trace, SimOptions())
     apc = replay("apc", trace, SimOptions())

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import kvsim
-from kvsim.replay.driver import SMALL_REPLAY_TOKENS, replay, replay_detailed, small_replay
-from kvsim.replay.options import SimOptions
+from kvsim.drive.sequential import SMALL_REPLAY_TOKENS, replay, replay_detailed, small_replay
+from kvsim.engines.options import SimOptions
 
 FIELDS = ("cached_tokens", "rejected", "read_cache", "evictions", "evicted_tokens")
 

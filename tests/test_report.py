@@ -8,7 +8,7 @@ import pytest
 
 from kvsim.errors import KvsimError
 from kvsim.io.trace.columns import Trace
-from kvsim.replay.options import SimOptions
+from kvsim.engines.options import SimOptions
 from kvsim.report import ReportOptions, build_report, capacity_for_share, render_html
 from kvsim.report.prefix_tree import icicle_layout
 

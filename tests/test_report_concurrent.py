@@ -13,11 +13,11 @@ TRACES = Path(__file__).resolve().parents[1] / "traces"
 def test_section_shows_the_concurrent_views_numbers(tmp_path, capsys):
     """Hit rates in the caption are concurrent_view's at the report's capacity, arrivals sped up 4x."""
     from kvsim import load_trace
-    from kvsim.replay.options import SimOptions
+    from kvsim.engines.options import SimOptions
     from kvsim.report import text as T
-    from kvsim.sched.step_cost import step_cost
-    from kvsim.replay.concurrent import ReplayMode
-    from kvsim.sched.views import concurrent_view
+    from kvsim.drive.step_cost import step_cost
+    from kvsim.drive.concurrent import ReplayMode
+    from kvsim.drive.views import concurrent_view
 
     out = tmp_path / "r.html"
     assert run(["report", str(TRACES / "demo_mixture.jsonl"), "-o", str(out), "--capacity", "6000", "--limit", "60",
@@ -51,10 +51,10 @@ def test_a_log_without_timestamps_gets_one_line(tmp_path):
 def test_step_cost_is_the_calibration_when_given(tmp_path):
     """--calibration replaces the roofline; without --model/--gpu the page names the defaults."""
     from kvsim.gpu.calibration import Calibration
-    from kvsim.replay.options import SimOptions
+    from kvsim.engines.options import SimOptions
     from kvsim.report import ReportOptions
     from kvsim.report.concurrent import step_cost_for
-    from kvsim.sched.step_cost import CalibratedStepCost, RooflineStepCost
+    from kvsim.drive.step_cost import CalibratedStepCost, RooflineStepCost
 
     cal = Calibration(device="test-gpu", model="m", dtype="float32", fixed_s=1e-3, per_token_s=1e-5,
                       per_context_token_s=0.0)

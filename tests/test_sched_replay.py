@@ -18,10 +18,10 @@ from sched_workloads import SchedMix, random_workload, with_stop_token
 
 from kvsim.errors import ConfigError
 from kvsim.io.trace.columns import Trace
-from kvsim.replay.driver import replay
-from kvsim.replay.options import SimOptions
-from kvsim.sched.sglang_scheduler import SglangSchedSettings, replay_sglang_steps
-from kvsim.sched.vllm_scheduler import VllmSchedSettings, replay_vllm_steps
+from kvsim.drive.sequential import replay
+from kvsim.engines.options import SimOptions
+from kvsim.engines.sglang.scheduler import SglangSchedSettings, replay_sglang_steps
+from kvsim.engines.vllm.scheduler import VllmSchedSettings, replay_vllm_steps
 
 FAR = 100_000   # steps between arrivals: every request finishes long before the next arrives
 
@@ -126,8 +126,8 @@ def test_sglang_settings_errors(bad):
 
 def test_ring_allocator_hands_out_the_same_pages_as_the_reference():
     """The adapter's numpy ring gives the same pages in the same order as SlotAllocator."""
-    from kvsim.cache.radix.reference import SlotAllocator
-    from kvsim.sched.sglang_cache import RingSlotAllocator
+    from kvsim.engines.sglang.reference import SlotAllocator
+    from kvsim.engines.sglang.door import RingSlotAllocator
 
     rng = np.random.default_rng(0)
     for p in (1, 4):
@@ -160,8 +160,8 @@ BULK_CASES = {
 @pytest.mark.parametrize("name", sorted(BULK_CASES))
 def test_decode_steps_in_bulk_equal_step_by_step(name, monkeypatch):
     """The bulk-decode shortcut changes nothing: same results, steps, pool and tree as one step at a time."""
-    from kvsim.sched.clock import Releases, run
-    from kvsim.sched.timed import make_engine
+    from kvsim.drive.clock import Releases, run
+    from kvsim.drive.timed import make_engine
 
     w = random_workload(5, SchedMix(n=120, output_len=(20, 120), burst=(2, 12), gap=20.0))
     settings = BULK_CASES[name]

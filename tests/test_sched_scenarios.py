@@ -17,11 +17,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "oracle"))
 from sched_scenarios import LPM_HITS, MODES, VLLM_EXPECTED, distinct, lpm_workload, sglang_15_16, vllm_scenarios
 
-from kvsim.sched.sglang_adder import CONTINUE, NO_TOKEN, OTHER, PrefillAdder
-from kvsim.sched.sglang_cache import SglangKVCache
-from kvsim.sched.sglang_policy import SchedulePolicy
-from kvsim.sched.sglang_scheduler import SglangEngine, SglangRequest, SglangSchedSettings, replay_sglang_steps
-from kvsim.sched.vllm_scheduler import VllmRequest, VllmSchedSettings, VllmScheduler, replay_vllm_steps
+from kvsim.engines.sglang.adder import CONTINUE, NO_TOKEN, OTHER, PrefillAdder
+from kvsim.engines.sglang.door import SglangKVCache
+from kvsim.engines.sglang.policy import SchedulePolicy
+from kvsim.engines.sglang.scheduler import SglangEngine, SglangRequest, SglangSchedSettings, replay_sglang_steps
+from kvsim.engines.vllm.scheduler import VllmRequest, VllmSchedSettings, VllmScheduler, replay_vllm_steps
 
 
 # -- vLLM X1-X6 ----------------------------------------------------------------------------
@@ -67,7 +67,7 @@ def test_x5_resumed_request_relooks_up_its_surviving_block():
               for i, (p, o) in enumerate(zip(prompts, outputs)))
     sched.add_request(r0)
     sched.add_request(r1)
-    from kvsim.sched.results import StepResult
+    from kvsim.drive.results import StepResult
     result = StepResult.empty("vllm", 2)
     plans = []
     for step in range(5):
@@ -91,7 +91,7 @@ def test_sglang_15_identical_prompts_together_share_nothing_then_dedup():
     """15: cold R1, R2 = [1..10] in one batch get 0 and 0; afterwards 86 free, tree 14 evictable."""
     prompts, outputs, _, knobs = sglang_15_16()
     engine = SglangEngine(SglangSchedSettings(**knobs), prompts[:2], outputs[:2])
-    from kvsim.sched.clock import run_steps
+    from kvsim.drive.clock import run_steps
     run_steps(engine, np.array([0, 0]))
     assert engine.result.cached_tokens.tolist() == [0, 0]
     assert engine.cache.available_size == 86

@@ -5,7 +5,7 @@ SGLang's own ``Scheduler`` methods (``get_next_batch_to_run``, ``PrefillAdder``,
 ``SchedulePolicy``, ``ScheduleBatch``, the default ``UnifiedRadixCache`` with its Rust
 core, the real allocator and request pool, the batch-result processor) with a fake model
 (``tests/oracle/sglang_sched_driver.py``, one subprocess for all of them) and through
-``kvsim.sched.sglang_scheduler``. Per request the cached tokens, the step of the first
+``kvsim.engines.sglang.scheduler``. Per request the cached tokens, the step of the first
 token, the finishing step, the retraction count and the rejection must be equal.
 The configurations cover every schedule policy (``lpm`` also above its 128-request
 fallback), the overlap scheduler on and off, page sizes 1 and 16, chunked prefill from
@@ -28,7 +28,7 @@ import sched_client
 from sched_scenarios import LPM_HITS, lpm_workload, sglang_15_16, sglang_job
 from sched_workloads import SchedMix, random_workload, with_stop_token
 
-from kvsim.sched.sglang_scheduler import SglangSchedSettings, replay_sglang_steps
+from kvsim.engines.sglang.scheduler import SglangSchedSettings, replay_sglang_steps
 
 pytestmark = pytest.mark.oracle
 

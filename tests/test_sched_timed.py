@@ -6,11 +6,11 @@ import pytest
 
 from kvsim.errors import ConfigError
 from kvsim.gpu.calibration import Calibration
-from kvsim.sched.clock import Releases
-from kvsim.sched.sglang_scheduler import SglangSchedSettings
-from kvsim.sched.step_cost import CalibratedStepCost, step_cost
-from kvsim.sched.timed import compare_prefix_caching, replay_steps, replay_timed
-from kvsim.sched.vllm_scheduler import VllmSchedSettings
+from kvsim.drive.clock import Releases
+from kvsim.engines.sglang.scheduler import SglangSchedSettings
+from kvsim.drive.step_cost import CalibratedStepCost, step_cost
+from kvsim.drive.timed import compare_prefix_caching, replay_steps, replay_timed
+from kvsim.engines.vllm.scheduler import VllmSchedSettings
 
 # Llama-3-8B (32 layers, 32 heads, 8 KV heads, head_dim 128, hidden 4096, vocab 128256,
 # 8.03e9 parameters, bf16) on an H100 SXM (989.4 TFLOP/s bf16 dense, 3.35 TB/s).

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from kvsim.io.trace.columns import Trace
-from kvsim.replay.options import SimOptions
-from kvsim.sched.settings import sglang_settings, vllm_budget_defaults, vllm_settings
-from kvsim.sched.step_cost import step_cost
-from kvsim.sched.views import concurrent_view
+from kvsim.engines.options import SimOptions
+from kvsim.drive.sched_settings import sglang_settings, vllm_budget_defaults, vllm_settings
+from kvsim.drive.step_cost import step_cost
+from kvsim.drive.views import concurrent_view
 
 
 def shared_prefix_trace(gap: float, n: int = 40, seed: int = 0) -> Trace:
@@ -87,9 +87,9 @@ def test_hit_rates_by_hand_on_a_burst(policy, concurrent_cached):
 @pytest.mark.parametrize("policy", ["apc", "radix"])
 def test_view_equals_the_scheduler_replays(policy):
     """Every number of the timed view is what kvsim.sched's replays give directly."""
-    from kvsim.replay.requests import output_token_arrays
-    from kvsim.sched.clock import Releases
-    from kvsim.sched.timed import replay_timed, without_prefix_caching
+    from kvsim.drive.requests import output_token_arrays
+    from kvsim.drive.clock import Releases
+    from kvsim.drive.timed import replay_timed, without_prefix_caching
 
     trace = shared_prefix_trace(gap=0.02, n=30)
     options = SimOptions(capacity_tokens=3000, gpu="H100-80GB")
@@ -127,8 +127,8 @@ def test_a_warmup_window_leaves_the_first_requests_out():
 
 def test_concurrent_columns_of_a_sweep_row():
     """The sweep's row figures are the view's concurrent numbers."""
-    from kvsim.replay.concurrent import ReplayMode
-    from kvsim.sched.views import concurrent_columns
+    from kvsim.drive.concurrent import ReplayMode
+    from kvsim.drive.views import concurrent_columns
 
     cost = step_cost("llama-3-8b", "H100-80GB")
     trace = shared_prefix_trace(gap=0.05, n=20)

@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).parent / "oracle"))
 from sched_workloads import SchedMix, random_workload
 
 from kvsim.errors import ConfigError
-from kvsim.sched.clock import Releases, run
-from kvsim.sched.timed import make_engine
-from kvsim.sched.vllm_scheduler import VllmSchedSettings
+from kvsim.drive.clock import Releases, run
+from kvsim.drive.timed import make_engine
+from kvsim.engines.vllm.scheduler import VllmSchedSettings
 
 SHORT = dict(system_len=(8, 60), user_len=(1, 40), output_len=(1, 60))
 LONG = dict(system_len=(40, 300), user_len=(10, 200), output_len=(20, 120))
@@ -91,7 +91,7 @@ def test_unknown_implementation_is_a_clear_error():
 def test_block_keys_follow_the_sampled_tokens(diverge_at):
     """Keys hashed ahead from the planned outputs are used only while the sampled tokens
     follow the plan; after a different token they are those of the tokens really appended."""
-    from kvsim.sched.vllm_cache import make_kv_cache
+    from kvsim.engines.vllm.door import make_kv_cache
 
     rng = np.random.default_rng(diverge_at)
     prompt, planned = rng.integers(0, 50, 37), rng.integers(0, 50, 45)

@@ -4,7 +4,7 @@
 prompts, multi-turn sessions, repeats), replayed through vLLM's real ``Scheduler`` /
 ``AsyncScheduler`` and ``KVCacheManager`` with a fake model runner
 (``tests/oracle/vllm_sched_driver.py``, one subprocess for all of them) and through
-``kvsim.sched.vllm_scheduler``. Per request the cached tokens, the step of the first
+``kvsim.engines.vllm.scheduler``. Per request the cached tokens, the step of the first
 token, the finishing step, the preemption count and the rejection must be equal.
 The configurations cover block sizes 8-32, memory from "the largest request fits
 alone" upwards (preemption), token budgets 48-4096, ``max_num_seqs`` 2-256, the
@@ -27,7 +27,7 @@ import sched_client
 from sched_scenarios import MODES, VLLM_EXPECTED, vllm_job, vllm_scenarios
 from sched_workloads import SchedMix, random_workload
 
-from kvsim.sched.vllm_scheduler import VllmSchedSettings, replay_vllm_steps
+from kvsim.engines.vllm.scheduler import VllmSchedSettings, replay_vllm_steps
 
 pytestmark = pytest.mark.oracle
 

@@ -23,8 +23,8 @@ def server(tmp_path_factory):
 
 def test_2000_requests_from_32_clients(server):
     from kvsim import load_trace
-    from kvsim.replay.driver import replay
-    from kvsim.replay.options import SimOptions
+    from kvsim.drive.sequential import replay
+    from kvsim.engines.options import SimOptions
 
     systems = [f"You are assistant number {k} of the help desk. " * 20 for k in range(8)]
 

@@ -93,8 +93,8 @@ def test_proxy_to_kvsim_agrees_on_every_request(pair, capsys):
 def test_proxy_record_replays_to_the_predictions(pair):
     """The proxy's record is a log like any other: simulate gives the predicted numbers."""
     from kvsim import load_trace
-    from kvsim.replay.driver import replay
-    from kvsim.replay.options import SimOptions
+    from kvsim.drive.sequential import replay
+    from kvsim.engines.options import SimOptions
 
     _, proxy = pair
     lines = read_record(proxy.record)

@@ -254,8 +254,8 @@ def test_record_reproduces_served_numbers(server):
     request — through the library's replay, the CLI's simulate, and the oracle."""
     from kvsim import load_trace
     from kvsim.cli import run
-    from kvsim.replay.driver import replay
-    from kvsim.replay.options import SimOptions
+    from kvsim.drive.sequential import replay
+    from kvsim.engines.options import SimOptions
 
     lines = read_record(server.record)
     assert len(lines) >= 25

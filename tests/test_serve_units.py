@@ -15,8 +15,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "oracle"))
 from vllm_workloads import Mix, random_trace  # noqa: E402
 
-from kvsim.replay.options import SimOptions  # noqa: E402
-from kvsim.replay.requests import iter_requests  # noqa: E402
+from kvsim.engines.options import SimOptions  # noqa: E402
+from kvsim.drive.requests import iter_requests  # noqa: E402
 from kvsim.serve.engine import build_engine  # noqa: E402
 
 
@@ -36,7 +36,7 @@ def test_apc_adapter_equals_replay(options, engine):
     """Request by request, the served cached_tokens are the sequential replay's; with a
     finite pool the whole final pool (free queue order, cache map) is the step-by-step
     reference replay's too, so decoding a lone request's tokens at once changes nothing."""
-    from kvsim.replay.driver import replay, replay_detailed
+    from kvsim.drive.sequential import replay, replay_detailed
 
     trace = random_trace(7, Mix(n=500, block_size=options.block_size))
     engine = build_engine("apc", options, engine)
@@ -65,7 +65,7 @@ def test_apc_adapter_equals_replay(options, engine):
     SimOptions(capacity_tokens=3000, extra={"finish": "stop", "overlap": False}),
 ], ids=["finite", "unlimited", "page4-lfu", "stop-no-overlap"])
 def test_radix_adapter_equals_replay(options, engine):
-    from kvsim.replay.driver import replay
+    from kvsim.drive.sequential import replay
 
     trace = random_trace(11, Mix(n=400))
     served = _serve_all(build_engine("radix", options, engine), trace)
@@ -223,7 +223,7 @@ def test_logprob_requests_as_each_engine_treats_them(tmp_path, policy):
     logprob_start_len and refuses a start past the prompt (yet runs a placeholder). The
     record replays to the same numbers, the refused request included."""
     from kvsim import load_trace
-    from kvsim.replay.driver import replay
+    from kvsim.drive.sequential import replay
     from kvsim.serve.config import ServeConfig
     from kvsim.serve.errors import ApiError
     from kvsim.serve.protocol import parse_request

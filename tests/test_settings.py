@@ -5,10 +5,10 @@ import dataclasses
 
 import pytest
 
-from kvsim.cache.apc.settings import APCSettings
-from kvsim.cache.radix.settings import RadixSettings
+from kvsim.engines.vllm.settings import APCSettings
+from kvsim.engines.sglang.settings import RadixSettings
 from kvsim.errors import ConfigError
-from kvsim.replay.options import SimOptions
+from kvsim.engines.options import SimOptions
 
 
 def test_a_misspelt_extra_setting_is_an_error_that_names_the_right_one():

@@ -82,16 +82,16 @@ def test_outputs_never_overwrite_inputs(log, capsys):
 
 def test_under_load_columns_are_the_scheduler_models(tmp_path, capsys):
     """--replay timed adds, per row, the concurrent hit rate and TTFT percentiles of the scheduler
-    model at that row's capacity (the same numbers kvsim.sched.views gives directly)."""
+    model at that row's capacity (the same numbers kvsim.drive.views gives directly)."""
     from pathlib import Path
 
     import numpy as np
 
     from kvsim import load_trace
-    from kvsim.replay.options import SimOptions
-    from kvsim.sched.step_cost import step_cost
-    from kvsim.replay.concurrent import ReplayMode
-    from kvsim.sched.views import concurrent_columns
+    from kvsim.engines.options import SimOptions
+    from kvsim.drive.step_cost import step_cost
+    from kvsim.drive.concurrent import ReplayMode
+    from kvsim.drive.views import concurrent_columns
 
     demo = Path(__file__).resolve().parents[1] / "traces" / "demo_mixture.jsonl"
     csv_path, json_path = tmp_path / "s.csv", tmp_path / "s.json"

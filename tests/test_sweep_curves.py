@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from kvsim.io.trace.columns import Trace
-from kvsim.replay.driver import replay
-from kvsim.replay.metrics import summarize
-from kvsim.replay.options import SimOptions
+from kvsim.drive.sequential import replay
+from kvsim.drive.metrics import summarize
+from kvsim.engines.options import SimOptions
 from kvsim.sweep import curve, curve_model
 from kvsim.sweep.curves import apc_curve, block_lru_curve, measured_mask, radix_curve
 
@@ -271,7 +271,7 @@ def test_warmup_mask_and_bad_policy():
 # -- radix: an approximation (whole-leaf eviction is not modelled) ------------------------
 
 def radix_exact(trace: Trace, page: int, capacities):
-    from kvsim.replay.driver import replay
+    from kvsim.drive.sequential import replay
 
     out = []
     for cap in capacities:

@@ -13,8 +13,8 @@ import pytest
 from kvsim.cli import run
 from kvsim.errors import ConfigError
 from kvsim.io.load import load_trace
-from kvsim.replay.driver import replay
-from kvsim.replay.options import SimOptions
+from kvsim.drive.sequential import replay
+from kvsim.engines.options import SimOptions
 from kvsim.sweep.curves import apc_curve
 from kvsim.warmup import Warmup, as_fraction, measured_mask, parse_warmup
 

@@ -1,6 +1,6 @@
 """Compiled inner loops of the analyzer (numba): an open-addressing hash table, the
 two-level longest-earlier-prefix scan, sequence alignment and LRU stack distances. Prefix
-keys are APC's chained 64-bit hash (:mod:`kvsim.cache.apc.hashing`): a block's key from
+keys are APC's chained 64-bit hash (:mod:`kvsim.engines.vllm.hashing`): a block's key from
 its parent's and its tokens, a partial block's from the same state after fewer tokens.
 Spans (a system message, an alignment window) get an unchained fingerprint (``step``),
 which also names the shared prefixes in the report. Everything here works on flat numpy arrays; the modules around it give the
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from kvsim.cache.apc.hashing import block_end, block_start, block_token
+from kvsim.engines.vllm.hashing import block_end, block_start, block_token
 from kvsim.kernels.table import probe
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)

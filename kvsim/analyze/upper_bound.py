@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.cache.apc.rules import lookup_cap_blocks
+from kvsim.engines.vllm.rules import lookup_cap_blocks
 
 
 def hit_tokens(reuse: np.ndarray, lengths: np.ndarray, block: int = 1, recompute: bool = False) -> np.ndarray:
     """Per-request reusable tokens at a block size (1 = token granularity)."""
-    if recompute:   # the engines' lookup cap (kvsim.cache.apc.rules; radix: L - 1 at block 1)
+    if recompute:   # the engines' lookup cap (kvsim.engines.vllm.rules; radix: L - 1 at block 1)
         cap = np.maximum(lookup_cap_blocks(lengths, block), 0)
         return np.minimum(reuse // block, cap) * block
     return reuse // block * block

@@ -86,7 +86,7 @@ def gpu_validate(
     from kvsim.cli.options import parse_capacity_tokens
     from kvsim.errors import ConfigError, KvsimError
     from kvsim.outputs import check_output_path, make_dir
-    from kvsim.replay.options import SimOptions
+    from kvsim.engines.options import SimOptions
 
     _need("torch")
     if attention == "triton" or (attention == "auto" and device == "cuda"):

@@ -103,8 +103,8 @@ _ENG = "Engine settings"
 def _defaults() -> dict:
     from dataclasses import fields
 
-    from kvsim.cache.radix.settings import RadixSettings
-    from kvsim.replay.options import SimOptions
+    from kvsim.engines.sglang.settings import RadixSettings
+    from kvsim.engines.options import SimOptions
 
     out = {f.name: f.default for f in fields(SimOptions) if f.name != "extra"}
     out.update({f"radix_{f.name}": f.default for f in fields(RadixSettings) if f.name != "policy_config"})
@@ -180,7 +180,7 @@ def sim_options(capacity: str | None = None, num_gpu_blocks: int | None = None,
     """
     from kvsim.errors import ConfigError
     from kvsim.models import get_model, parse_bytes
-    from kvsim.replay.options import SimOptions
+    from kvsim.engines.options import SimOptions
     from kvsim.sweep.grid import parse_capacity
 
     if model is not None:

@@ -2,7 +2,7 @@
 
 Scheduler options keep the engines' own names (vLLM's ``--max-num-seqs``, SGLang's
 ``--schedule-policy``, ...); unset ones take the engine's default for the GPU
-(``kvsim.sched.settings``), and the summary says which.
+(``kvsim.drive.sched_settings``), and the summary says which.
 """
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def replay_mode(replay: str, arrival_from: str | None, step_seconds: float | Non
     Options that only a concurrent replay reads are an error with ``--replay sequential``.
     """
     from kvsim.errors import ConfigError
-    from kvsim.replay.concurrent import MODES, ReplayMode
+    from kvsim.drive.concurrent import MODES, ReplayMode
 
     if replay not in MODES:
         raise ConfigError(f"unknown --replay {replay!r}; choose {', '.join(MODES)}")

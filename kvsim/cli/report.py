@@ -138,7 +138,7 @@ def sweep_report_options(block_size: str, page_size: str, eviction: str, engine_
                          model: str | None, jobs: int | None, warmup: Any = None, speedup: float = 1.0) -> Any:
     """The report settings of ``kvsim sweep --html``: the first block size, page size and
     eviction policy of the grid are the report's engine settings."""
-    from kvsim.replay.options import SimOptions
+    from kvsim.engines.options import SimOptions
     from kvsim.report import ReportOptions
     from kvsim.sweep.grid import parse_eviction_policies, parse_ints
 

@@ -103,9 +103,9 @@ def simulate(
     cache is unlimited (the upper bound).
     """
     from kvsim.outputs import check_output_path
-    from kvsim.cache.registry import resolve_policies
+    from kvsim.engines.registry import resolve_policies
     from kvsim.render.simulate import render_simulation
-    from kvsim.replay.simulate import per_request_rows, run_simulation, simulation_json
+    from kvsim.drive.simulate import per_request_rows, run_simulation, simulation_json
     from kvsim.warmup import apply_warmup, parse_warmup
 
     from kvsim.errors import ConfigError
@@ -178,10 +178,10 @@ def simulate(
 def _check_settings(names: list[str], options) -> None:
     """Resolve each policy's settings once, so bad values fail before the log is read."""
     if "apc" in names:
-        from kvsim.cache.apc.settings import APCSettings
+        from kvsim.engines.vllm.settings import APCSettings
 
         APCSettings.from_options(options)
     if "radix" in names:
-        from kvsim.cache.radix.settings import RadixSettings
+        from kvsim.engines.sglang.settings import RadixSettings
 
         RadixSettings.from_options(options)

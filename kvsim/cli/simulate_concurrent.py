@@ -15,8 +15,8 @@ def simulate_concurrent(logs: list[Path], names: list[str], options, mode, json_
     """Check the options, read the log, replay each policy's scheduler, print and write the results."""
     from kvsim.errors import ConfigError
     from kvsim.outputs import check_output_path
-    from kvsim.replay.concurrent import check_supported, run_concurrent, scheduler_settings
-    from kvsim.sched.step_cost import step_cost
+    from kvsim.drive.concurrent import check_supported, run_concurrent, scheduler_settings
+    from kvsim.drive.step_cost import step_cost
 
     if html is not None:
         raise ConfigError("--html reports the sequential replay; use kvsim report for the concurrent view")
@@ -45,13 +45,13 @@ def simulate_concurrent(logs: list[Path], names: list[str], options, mode, json_
     render_concurrent(console, trace, runs, mode)
     if json_out is not None:
         from kvsim.outputs import write_json
-        from kvsim.replay.concurrent import concurrent_json
+        from kvsim.drive.concurrent import concurrent_json
 
         write_json(json_out, concurrent_json(trace, runs, options, mode))
         console.print(f"summary written to {json_out}")
     if per_request is not None:
         from kvsim.outputs import write_jsonl
-        from kvsim.replay.concurrent import concurrent_rows
+        from kvsim.drive.concurrent import concurrent_rows
 
         write_jsonl(per_request, concurrent_rows(trace, runs))
         console.print(f"per-request results written to {per_request}")

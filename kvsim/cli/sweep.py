@@ -128,7 +128,7 @@ def sweep(
 
     trace = load_from_cli(logs, fmt, tokenizer, chat_template, trace_block_size, on_error, limit)
     if under_load is not None:
-        from kvsim.replay.concurrent import releases_for
+        from kvsim.drive.concurrent import releases_for
 
         releases_for(trace, under_load[0])     # a log without the arrivals asked for: one line, exit 2
     options = {} if engine_version is None else {"engine_version": engine_version}
@@ -150,7 +150,7 @@ def sweep(
                     "eviction_policy": eviction, "model": model, "engine_version": engine_version,
                     "executor": executor, "jobs": jobs, "warmup": warmup}
         if under_load is not None:    # (a sequential sweep's JSON stays as it was)
-            from kvsim.sched.views import describe
+            from kvsim.drive.views import describe
 
             mode, cost = under_load
             settings.update({"replay": replay_mode, "gpu": gpu, "arrival_from": mode.arrival_from,
@@ -181,7 +181,7 @@ def _under_load(replay_mode: str, arrival_from: str | None, step_seconds: float 
                           "to --replay sequential only")
     cost = None
     if mode.mode == "timed":
-        from kvsim.sched.step_cost import step_cost
+        from kvsim.drive.step_cost import step_cost
 
         cost = step_cost(model, gpu, mode.calibration)
     return mode, cost

@@ -1,7 +1,7 @@
 """The stepwise cache models as gpu-validate drives them: build one from :class:`SimOptions`,
 and read a running request's block table after its decode steps.
 
-Both models follow :class:`kvsim.cache.base.PrefixCache`; what differs is how capacity is
+Both models follow :class:`kvsim.engines.base.PrefixCache`; what differs is how capacity is
 given, whether ids are pages or per-token slots, and how to see a running request's table.
 """
 from __future__ import annotations
@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.cache.base import PrefixCache, Request
+from kvsim.engines.base import PrefixCache, Request
 from kvsim.errors import ConfigError
 from kvsim.gpu.block_tables import pages_from_block_table
 from kvsim.io.trace.columns import Trace
-from kvsim.replay.options import SimOptions
+from kvsim.engines.options import SimOptions
 
 
 @dataclass
@@ -31,12 +31,12 @@ class CacheModel:
 
 
 def build_apc(trace: Trace, options: SimOptions) -> CacheModel:
-    """vLLM APC (:class:`kvsim.cache.apc.reference.APCReference`), as a replay's reference model is built."""
+    """vLLM APC (:class:`kvsim.engines.vllm.reference.APCReference`), as a replay's reference model is built."""
     from dataclasses import replace
 
-    from kvsim.cache.apc import rules
-    from kvsim.cache.apc.reference import APCReference
-    from kvsim.cache.apc.settings import APCSettings
+    from kvsim.engines.vllm import rules
+    from kvsim.engines.vllm.reference import APCReference
+    from kvsim.engines.vllm.settings import APCSettings
 
     st = APCSettings.from_options(options)
     b = st.block_size
@@ -56,16 +56,16 @@ def build_apc(trace: Trace, options: SimOptions) -> CacheModel:
 
 
 def build_radix(trace: Trace, options: SimOptions) -> CacheModel:
-    """SGLang RadixAttention (:class:`kvsim.cache.radix.reference.RadixReference`), as a
+    """SGLang RadixAttention (:class:`kvsim.engines.sglang.reference.RadixReference`), as a
     replay's reference model is built.
 
     Admission tables hold one slot per token at page size 1 and page ids above it; a
     running request's ``row`` (SGLang's ``req_to_token``) holds one slot per token.
     Slot 0 / page 0 is SGLang's padding and never handed out.
     """
-    from kvsim.cache.radix.reference import RadixReference
-    from kvsim.cache.radix.rules import ceil_page
-    from kvsim.cache.radix.settings import RadixSettings
+    from kvsim.engines.sglang.reference import RadixReference
+    from kvsim.engines.sglang.rules import ceil_page
+    from kvsim.engines.sglang.settings import RadixSettings
 
     st = RadixSettings.from_options(options)
     if st.finish != "length":

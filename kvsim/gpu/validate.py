@@ -25,13 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.cache.base import Request
+from kvsim.engines.base import Request
 from kvsim.errors import ConfigError, KvsimError
 from kvsim.gpu import roofline
 from kvsim.gpu.calibration import Calibration, fit_calibration
 from kvsim.gpu.configs import LlamaConfig, get_config
 from kvsim.io.trace.columns import Trace
-from kvsim.replay.options import SimOptions
+from kvsim.engines.options import SimOptions
 
 # Relative L2 error allowed between reuse and full prefill (logits and K/V), per dtype.
 # fp32: summation-order noise only; 16-bit: one rounding of every activation, compounded
@@ -253,11 +253,11 @@ def _run(trace: Trace, opts: ValidateOptions, cfg: LlamaConfig, device, dtype, a
          progress) -> ValidationResult:
     import torch
 
-    from kvsim.replay.driver import replay
+    from kvsim.drive.sequential import replay
     from kvsim.gpu.block_tables import SlotLedger
     from kvsim.gpu.cache_models import build_cache_model
     from kvsim.gpu.llama import LlamaModel
-    from kvsim.replay.requests import iter_requests
+    from kvsim.drive.requests import iter_requests
 
     dtype_name = str(dtype).removeprefix("torch.")
     dtype_bytes = torch.tensor([], dtype=dtype).element_size()

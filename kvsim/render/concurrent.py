@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvsim.io.trace.columns import Trace
-from kvsim.replay.concurrent import ConcurrentRun, ReplayMode, concurrent_summary
+from kvsim.drive.concurrent import ConcurrentRun, ReplayMode, concurrent_summary
 
 #: (summary key, label, format)
 ROWS = [

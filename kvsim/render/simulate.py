@@ -8,9 +8,9 @@ from rich.console import Console
 from rich.table import Table
 
 from kvsim.io.trace.columns import Trace
-from kvsim.replay.metrics import breakdowns, summarize
-from kvsim.replay.options import SimOptions
-from kvsim.replay.result import ReplayResult
+from kvsim.drive.metrics import breakdowns, summarize
+from kvsim.engines.options import SimOptions
+from kvsim.drive.result import ReplayResult
 
 #: rows of the side-by-side table: (summary key, label, format)
 ROWS = [

@@ -19,7 +19,7 @@ import numpy as np
 from kvsim.analyze.options import DEFAULT_BLOCK_SIZES
 from kvsim.errors import ConfigError
 from kvsim.io.trace.columns import NONE, Trace
-from kvsim.replay.options import SimOptions
+from kvsim.engines.options import SimOptions
 from kvsim.report import figures as F
 from kvsim.report import text as T
 from kvsim.report.document import Chart, KeyNumber, ReportData, Section, Table
@@ -185,7 +185,7 @@ class _Builder:
         return replace(sim, capacity_tokens=cap), f"the KV needed for {self.opts.target_share:.0%} of the upper bound"
 
     def _chosen_runs(self, runs: dict[str, Any] | None) -> dict[str, Any]:
-        from kvsim.replay.simulate import run_simulation
+        from kvsim.drive.simulate import run_simulation
 
         have = dict(runs or {}) if self.chosen_source == "given" else {}
         missing = [p for p in POLICIES if p not in have]
@@ -281,7 +281,7 @@ class _Builder:
             found = {o.engine: o.model for o in sweep_result.optimal if o.model is not None}
             if set(POLICIES) <= set(found):
                 return {p: found[p] for p in POLICIES}
-        from kvsim.cache.radix.settings import RadixSettings
+        from kvsim.engines.sglang.settings import RadixSettings
         from kvsim.sweep.optimal import apc_optimal, radix_optimal
 
         sim = self.chosen_sim
@@ -359,8 +359,8 @@ class _Builder:
         ]
 
     def _group_panels(self) -> list[dict[str, Any]]:
-        from kvsim.replay.metrics import breakdown
-        from kvsim.replay.simulate import run_simulation
+        from kvsim.drive.metrics import breakdown
+        from kvsim.drive.simulate import run_simulation
 
         tr = self.trace
         present = {c: len(np.unique(getattr(tr, c))) > 1 for c in ("tenant", "cache_salt", "lora")}
@@ -604,7 +604,7 @@ class _Builder:
         return s
 
     def _key_numbers(self) -> tuple[list[KeyNumber], dict[str, Any]]:
-        from kvsim.replay.metrics import summarize
+        from kvsim.drive.metrics import summarize
 
         summaries = {p: summarize(self.runs[p], self.trace, self.opts.calibration) for p in POLICIES}
         numbers = {
@@ -642,7 +642,7 @@ def _near_optimal(caps: np.ndarray, rates: np.ndarray, optimal: np.ndarray, shar
 
 
 def _hit_rate(result: Any, trace: Trace) -> float:
-    from kvsim.replay.metrics import counted
+    from kvsim.drive.metrics import counted
 
     ok = ~result.rejected & counted(result)
     p = int(trace.prompt_lengths[ok].sum())
@@ -650,7 +650,7 @@ def _hit_rate(result: Any, trace: Trace) -> float:
 
 
 def _fractions(result: Any, trace: Trace) -> np.ndarray:
-    from kvsim.replay.metrics import counted
+    from kvsim.drive.metrics import counted
 
     ok = ~result.rejected & (trace.prompt_lengths > 0) & counted(result)
     return result.cached_tokens[ok] / trace.prompt_lengths[ok]

@@ -3,7 +3,7 @@
 At the report's chosen capacity, per policy: the hit rate of the sequential replay beside
 the concurrent one, the TTFT distribution with and without prefix caching (a timed replay,
 one step costing the roofline of its batch, or a ``kvsim gpu-validate`` calibration), and
-for radix the ``lpm`` and ``fcfs`` queue orders. Data: :mod:`kvsim.sched.views`.
+for radix the ``lpm`` and ``fcfs`` queue orders. Data: :mod:`kvsim.drive.views`.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ NO_ARRIVALS = ("No concurrent view: {why}, so the log can only be replayed one r
 
 def step_cost_for(opts: Any) -> tuple[Any, str]:
     """The timed replay's step cost: the calibration if given, else a roofline (defaults said)."""
-    from kvsim.sched.step_cost import CalibratedStepCost, RooflineStepCost, step_cost
+    from kvsim.drive.step_cost import CalibratedStepCost, RooflineStepCost, step_cost
 
     if opts.calibration is not None:
         cost: Any = CalibratedStepCost(opts.calibration)
@@ -53,8 +53,8 @@ def concurrent_section(trace: Any, sim: Any, runs: dict[str, Any], opts: Any,
     ``sim``/``runs``: the chosen options and the sequential replays at them; ``chart`` turns
     a figure into a :class:`Chart`.
     """
-    from kvsim.replay.concurrent import ReplayMode
-    from kvsim.sched.views import concurrent_view
+    from kvsim.drive.concurrent import ReplayMode
+    from kvsim.drive.views import concurrent_view
     from kvsim.warmup import measured_mask
 
     section = Section("concurrent", "Under load: concurrent replay")

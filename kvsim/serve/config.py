@@ -6,7 +6,7 @@ from typing import Any
 from pathlib import Path
 
 from kvsim.errors import ConfigError
-from kvsim.replay.options import SimOptions
+from kvsim.engines.options import SimOptions
 
 #: vLLM's context length when the model does not say otherwise is the model's own; kvsim
 #: has no model, so it assumes this unless --max-model-len (or a small cache) says less
@@ -39,7 +39,7 @@ class ServeConfig:
     upstream: str | None = None
     upstream_api_key: str | None = None
     upstream_timeout: float = 600.0
-    replay_mode: Any = None               # --replay timed: a kvsim.replay.concurrent.ReplayMode
+    replay_mode: Any = None               # --replay timed: a kvsim.drive.concurrent.ReplayMode
 
     def check(self) -> None:
         if self.policy not in ("apc", "radix"):

@@ -4,15 +4,15 @@ Each request goes through the engine exactly as the sequential replay of
 ``kvsim simulate`` serves it, so a recorded log replayed by ``simulate`` gives the same
 ``cached_tokens`` request for request:
 
-* ``apc`` — vLLM 0.33 APC, the reference model :class:`kvsim.cache.apc.reference.APCReference`
+* ``apc`` — vLLM 0.33 APC, the reference model :class:`kvsim.engines.vllm.reference.APCReference`
   with the settings :meth:`APCSettings.from_options` resolves: ``fits_ever`` (else
   rejected, cache untouched), ``admit`` → ``decode`` × (M − 1) → ``finish`` (as its
   ``serve``); ``implementation="fast"`` makes the M − 1 decode steps one call
   (:meth:`APCReference.decode_rest`).
 * ``radix`` — SGLang 0.5.23 RadixAttention with :meth:`RadixSettings.from_options`, one
-  ``serve`` call per request: the fast engine :class:`kvsim.cache.radix.fast.RadixFast`
+  ``serve`` call per request: the fast engine :class:`kvsim.engines.sglang.fast.RadixFast`
   (``implementation="fast"``, what ``simulate`` runs) or the reference model
-  :class:`kvsim.cache.radix.reference.RadixReference`.
+  :class:`kvsim.engines.sglang.reference.RadixReference`.
 
 Requests reach the engine one at a time, in the order the server applies them (see
 :mod:`kvsim.serve.service`); there is no notion of time yet.
@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.cache.base import Request
+from kvsim.engines.base import Request
 from kvsim.errors import ConfigError
-from kvsim.replay.options import SimOptions
+from kvsim.engines.options import SimOptions
 
 POLICIES = ("apc", "radix")
 IMPLEMENTATIONS = ("fast", "reference")
@@ -95,8 +95,8 @@ class _ApcEngine(ServeEngine):
     def __init__(self, options: SimOptions, implementation: str = "fast") -> None:
         from dataclasses import replace
 
-        from kvsim.cache.apc.reference import APCReference
-        from kvsim.cache.apc.settings import APCSettings
+        from kvsim.engines.vllm.reference import APCReference
+        from kvsim.engines.vllm.settings import APCSettings
 
         s = self._settings = APCSettings.from_options(options)
         self.capacity_tokens = s.capacity_tokens
@@ -172,9 +172,9 @@ class _RadixEngine(ServeEngine):
     policy = "radix"
 
     def __init__(self, options: SimOptions, implementation: str = "fast") -> None:
-        from kvsim.cache.radix.fast import RadixFast
-        from kvsim.cache.radix.reference import RadixReference
-        from kvsim.cache.radix.settings import RadixSettings
+        from kvsim.engines.sglang.fast import RadixFast
+        from kvsim.engines.sglang.reference import RadixReference
+        from kvsim.engines.sglang.settings import RadixSettings
 
         s = self._settings = RadixSettings.from_options(options)
         self.capacity_tokens = s.capacity
@@ -184,7 +184,7 @@ class _RadixEngine(ServeEngine):
 
     def serve(self, request_id, prompt, output, lora=None, cache_salt=None, prompt_logprobs=False,
               logprob_start_len=-1) -> Served:
-        from kvsim.cache.radix.rules import namespace
+        from kvsim.engines.sglang.rules import namespace
 
         prompt, output = np.asarray(prompt, np.int64), np.asarray(output, np.int64)
         if self._fast:

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from kvsim.cache.radix.rules import logprob_aborts
+from kvsim.engines.sglang.rules import logprob_aborts
 from kvsim.io.fields import BadRecord, logprob_fields
 from kvsim.serve.config import ServeConfig
 from kvsim.serve.engine import Served, build_engine

@@ -40,10 +40,10 @@ class TimedEngine:
     """One scheduler model stepping on the event loop's clock."""
 
     def __init__(self, policy: str, options, mode, clock=None) -> None:
-        from kvsim.replay.concurrent import check_supported, scheduler_settings
-        from kvsim.sched.results import StepResult
-        from kvsim.sched.step_cost import step_cost
-        from kvsim.sched.timed import make_engine
+        from kvsim.drive.concurrent import check_supported, scheduler_settings
+        from kvsim.drive.results import StepResult
+        from kvsim.drive.step_cost import step_cost
+        from kvsim.drive.timed import make_engine
 
         if not (options.capacity_tokens or options.num_gpu_blocks or options.max_total_tokens
                 or options.kv_cache_memory or (options.model and options.gpu)):

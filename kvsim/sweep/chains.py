@@ -1,7 +1,7 @@
 """Prefix-chained block keys of every prompt, the partial last block included.
 
 Block j of a prompt gets a 64-bit key from its parent's key, its tokens and its length
-(APC's ``fast`` chained hash, :mod:`kvsim.cache.apc.hashing`, with the namespace on every
+(APC's ``fast`` chained hash, :mod:`kvsim.engines.vllm.hashing`, with the namespace on every
 block), so equal keys mean equal prefixes up to and including the block. Unlike APC, the partial last block has
 a key too: this is the unit of hash-id traces such as Mooncake's (one id per 512 tokens,
 the last partial block included) and of the block-LRU model of Mooncake's Fig. 9.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kvsim.cache.apc.hashing import FAST_ROOT, block_end, block_start, block_token
+from kvsim.engines.vllm.hashing import FAST_ROOT, block_end, block_start, block_token
 
 
 @njit(cache=True)

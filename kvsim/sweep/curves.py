@@ -181,16 +181,16 @@ def measured_mask(n: int, warmup: float = 0.0) -> np.ndarray:
 
 def _chained_units(trace: Trace, unit: int, hash_algo: str, engine_version: str | None):
     """APC's own block keys (prompt + outputs, namespaces) at block size ``unit``."""
-    from kvsim.cache.apc.fast import APCFast
-    from kvsim.cache.apc.settings import APCSettings
-    from kvsim.replay.requests import workload
+    from kvsim.engines.vllm.fast import APCFast
+    from kvsim.engines.vllm.settings import APCSettings
+    from kvsim.drive.requests import workload
 
     settings = APCSettings(block_size=unit, hash_algo=hash_algo, engine_version=engine_version)
     return settings, APCFast(settings).workload(workload(trace))
 
 
 def _sequence_inputs(work, unit: int, read: np.ndarray) -> dict[str, Any]:
-    from kvsim.cache.apc import rules
+    from kvsim.engines.vllm import rules
 
     L, M = work.prompt_len, work.output_len
     kept = work.key_off[1:] - work.key_off[:-1]            # rules.kept_blocks, 0 when L == 0
@@ -240,7 +240,7 @@ def radix_curve(trace: Trace, page_size: int = 1, eviction_policy: str = "lru", 
     p = int(page_size)
     unit = p if p > 1 else int(granule or RADIX_GRANULE)
     _, work = _chained_units(trace, unit, "fast", None)
-    from kvsim.cache.radix import rules
+    from kvsim.engines.sglang import rules
 
     inputs = _sequence_inputs(work, unit, np.ones(len(trace), bool))
     L = work.prompt_len
@@ -285,7 +285,7 @@ def block_lru_curve(trace: Trace, block_size: int | None = None, warmup: float =
 
 
 def _namespace_keys(trace: Trace) -> np.ndarray:
-    from kvsim.cache.apc.hashing import namespace_key
+    from kvsim.engines.vllm.hashing import namespace_key
 
     out = np.zeros(len(trace), np.uint64)
     for i in np.flatnonzero((trace.cache_salt >= 0) | (trace.lora >= 0)):

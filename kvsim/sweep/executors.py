@@ -32,8 +32,8 @@ Done = Callable[[int, dict[str, Any]], None]
 
 def replay_point(trace: Trace, point: SweepPoint) -> dict[str, Any]:
     """Run one combination's exact replay and summarize it (the unit of work of every executor)."""
-    from kvsim.replay.driver import replay
-    from kvsim.replay.metrics import summarize
+    from kvsim.drive.sequential import replay
+    from kvsim.drive.metrics import summarize
 
     result = replay(point.policy, trace, point.options())
     if point.warmup is not None:  # kvsim.warmup: figures leave the window out
@@ -43,7 +43,7 @@ def replay_point(trace: Trace, point: SweepPoint) -> dict[str, Any]:
     summary = summarize(result, trace)
     summary.pop("policy", None)
     if point.concurrent is not None:   # the scheduler model under load, at the same capacity
-        from kvsim.sched.views import concurrent_columns
+        from kvsim.drive.views import concurrent_columns
 
         mode, cost = point.concurrent
         summary.update(concurrent_columns(trace, point.options(), point.policy, mode, cost, result.measured))

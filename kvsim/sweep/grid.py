@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvsim.errors import ConfigError
-from kvsim.replay.options import SimOptions
+from kvsim.engines.options import SimOptions
 
 #: the settings each policy reads (the others are not expanded for it)
 POLICY_SETTINGS: dict[str, tuple[str, ...]] = {
@@ -142,7 +142,7 @@ def parse_ints(text: str | Sequence[Any], what: str) -> list[int]:
 
 def parse_eviction_policies(text: str | Sequence[Any]) -> list[str]:
     """A comma list of radix eviction policy names (checked against the radix model's list)."""
-    from kvsim.cache.radix.evict import POLICIES
+    from kvsim.engines.sglang.evict import POLICIES
 
     out: list[str] = []
     for item in split_list(text, "--eviction"):
@@ -156,7 +156,7 @@ def parse_eviction_policies(text: str | Sequence[Any]) -> list[str]:
 
 def parse_policies(text: str | Sequence[Any]) -> list[str]:
     """'apc,radix' or 'all' -> policy names, each checked against the registry."""
-    from kvsim.cache.registry import resolve_policies
+    from kvsim.engines.registry import resolve_policies
 
     items = split_list(text, "--policy")
     names = resolve_policies(",".join(items))

@@ -69,9 +69,9 @@ def fig9_table(trace: Trace, name: str, block_size: int = 512, with_variants: bo
 
 def _apc_exact(trace: Trace, block_size: int, capacity: float) -> float:
     """Token hit rate of the exact APC replay (admitted requests), as ``kvsim sweep -p apc`` shows it."""
-    from kvsim.replay.driver import replay
-    from kvsim.replay.metrics import summarize
-    from kvsim.replay.options import SimOptions
+    from kvsim.drive.sequential import replay
+    from kvsim.drive.metrics import summarize
+    from kvsim.engines.options import SimOptions
 
     result = replay("apc", trace, SimOptions(capacity_tokens=capacity, block_size=block_size))
     return float(summarize(result, trace)["token_hit_rate"])

@@ -180,7 +180,7 @@ def warmup_mask(n: int, warmup: float | int | None) -> np.ndarray:
 
 
 def _outputs(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    from kvsim.replay.requests import output_token_arrays
+    from kvsim.drive.requests import output_token_arrays
 
     return output_token_arrays(trace)
 
@@ -194,7 +194,7 @@ def apc_optimal(trace: Trace, block_size: int = 16, warmup: float | int | None =
     L = trace.prompt_lengths.astype(np.int64)
     M = np.diff(out_off)                                   # >= 1: an engine samples at least one token
     read = ~trace.prompt_logprobs.astype(bool)
-    from kvsim.cache.apc import rules as apc_rules
+    from kvsim.engines.vllm import rules as apc_rules
 
     chain = np.where(L > 0, apc_rules.kept_blocks(L, M, B) * B, 0)   # full blocks, the last token never computed
     peak = np.where(L > 0, apc_rules.peak_blocks(L, M, B), 0)
@@ -214,7 +214,7 @@ def radix_optimal(trace: Trace, page_size: int = 1, warmup: float | int | None =
                   finish: str = "length", max_new_tokens: int | None = None,
                   chunked_prefill_size: int = 4096) -> OptimalModel:
     """The optimum under SGLang radix rules (sequential replay) at page size ``page_size``."""
-    from kvsim.cache.radix import rules as radix_rules
+    from kvsim.engines.sglang import rules as radix_rules
 
     t0 = time.perf_counter()
     tokens = trace.require_tokens("an optimal curve")

@@ -40,7 +40,7 @@ def model_key(point: SweepPoint) -> tuple:
     """Rows with the same key share one optimum model."""
     if point.policy == "apc":
         return ("apc", point.block_size)
-    from kvsim.cache.radix.settings import RadixSettings
+    from kvsim.engines.sglang.settings import RadixSettings
 
     s = RadixSettings.from_options(point.options())
     return ("radix", point.page_size, s.overlap, s.finish, s.max_new_tokens, s.chunked_prefill_size)

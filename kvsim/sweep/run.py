@@ -81,7 +81,7 @@ def sweep(trace: Trace, policies: str | Sequence[str] = "apc,radix", capacities:
           warmup: Any = None, optimal: bool = True, concurrent: Any = None, **options: Any) -> SweepResult:
     """Replay every combination exactly and attach one-pass curves; see :func:`run_sweep`.
 
-    ``concurrent`` = ``(ReplayMode, step cost or None)`` (:mod:`kvsim.replay.concurrent`) also
+    ``concurrent`` = ``(ReplayMode, step cost or None)`` (:mod:`kvsim.drive.concurrent`) also
     replays each combination through the engine's scheduler model as the log arrived, as
     ``kvsim simulate --replay`` does: columns ``concurrent_hit_rate``,
     ``concurrent_preemptions`` and, timed, ``ttft_p50_s`` / ``ttft_p90_s``.
@@ -131,7 +131,7 @@ def run_sweep(trace: Trace, policies: str | Sequence[str] = "apc,radix", capacit
     workers (default: all CPUs; 1 = in this process) or on Ray (``executor="ray"``). With
     ``curves``, LRU-like rows get ``curve_hit_rate`` (the one-pass estimate) and
     ``curve_abs_error`` (its distance to the exact replay). ``options`` are further
-    :class:`~kvsim.replay.options.SimOptions` fields shared by every replay; ``warmup``
+    :class:`~kvsim.engines.options.SimOptions` fields shared by every replay; ``warmup``
     (a fraction or a request count, :mod:`kvsim.warmup`) leaves the first requests out of
     every figure, and every row gets ``optimal_hit_rate`` (:mod:`kvsim.sweep.optimal`).
     """

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.io.trace.columns import Trace
-from kvsim.replay.requests import output_token_arrays
+from kvsim.drive.requests import output_token_arrays
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("vllm_driver.py")

@@ -66,7 +66,7 @@ class DynamoRouter(Router):
         s = self.settings
         self.needs_events = s.mode == "events"  # type: ignore[misc]
         n = self.num_replicas
-        self.device: list[set[int]] = [set() for _ in range(n)]           # events mode
+        self.device: list[Counter[int]] = [Counter() for _ in range(n)]   # events mode: key -> copies
         self.engine_keys: list[dict[int, int]] = [{} for _ in range(n)]   # engine hash -> key
         self.expiry: list[dict[int, float]] = [{} for _ in range(n)]      # approx mode
         self.active_prefill = [0] * n
@@ -180,15 +180,17 @@ class DynamoRouter(Router):
             keys = chain_keys(event.token_ids, event.block_size, parent)
             for h, k in zip(event.block_hashes, keys):
                 emap[h] = k
-                self.device[replica].add(k)
+                self.device[replica][k] += 1   # a block stored twice stays until removed twice
         elif isinstance(event, BlockRemoved):
             if event.medium != "GPU":
                 return
-            emap = self.engine_keys[replica]
+            emap, held = self.engine_keys[replica], self.device[replica]
             for h in event.block_hashes:
-                k = emap.pop(h, None)
-                if k is not None:
-                    self.device[replica].discard(k)
+                k = emap.get(h)
+                if k is not None and held[k] > 0:
+                    held[k] -= 1
+                    if held[k] == 0:
+                        del held[k], emap[h]
         elif isinstance(event, AllBlocksCleared):
             self.device[replica].clear()
             self.engine_keys[replica].clear()

@@ -1,1 +1,0 @@
-"""SGLang 0.5.23 RadixAttention: rules, tree, eviction policies, reference and fast engines."""
