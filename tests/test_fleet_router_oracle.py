@@ -53,3 +53,59 @@ def test_dynamo_runs_exercise_overlap_load_and_ties(dynamo_runs):
             unique += len(theirs["min_set"]) == 1
             loaded += len(set(theirs["costs"])) > 1 and theirs["overlap"] == 0
     assert overlap > 20 and ties > 10 and unique > 40 and loaded > 10, (overlap, ties, unique, loaded)
+
+
+import router_smg_script  # noqa: E402
+
+SMG, SMG_WHY = oracle_python("import pathlib, sys; p = pathlib.Path(sys.prefix) / 'routers' / 'smg' / 'smg'; "
+                             "assert (p / 'smg_rs.abi3.so').exists(), p")
+OLD, OLD_WHY = oracle_python("import pathlib, sys; p = pathlib.Path(sys.prefix) / 'routers' / 'sglang_router'; "
+                             "assert (p / 'sglang_router' / 'sglang_router_rs.abi3.so').exists(), p")
+
+
+@pytest.fixture(scope="module")
+def smg_runs():
+    if SMG is None:
+        pytest.skip(SMG_WHY)
+    jobs = [router_smg_script.sequential(200 + s) for s in range(3)] + \
+           [router_smg_script.loaded(300 + s) for s in range(2)]
+    results = run_driver("router_smg_driver.py", [router_smg_script.for_driver(j) for j in jobs], SMG,
+                         timeout=240)
+    return list(zip(jobs, results))
+
+
+def test_smg_follows_prefix_owners_above_the_threshold(smg_runs):
+    """smg 1.13.0 over HTTP: every request matched above cache_threshold in kvsim's token tree went
+    to a holder of the matched node in the real gateway, and left the holders exactly where kvsim's
+    spill gate fires; one at a time and with requests held open."""
+    totals = {"affinity": 0, "miss": 0, "shared_node": 0, "owner_loaded": 0, "spill": 0}
+    for job, result in smg_runs:
+        for k, v in router_smg_script.check(job, result).items():
+            totals[k] += v
+    # the runs reach the branches: affinity, misses, nodes held by several workers, a loaded owner kept
+    assert totals["affinity"] > 60 and totals["miss"] > 20, totals
+    assert totals["shared_node"] > 2 and totals["owner_loaded"] > 10 and totals["spill"] >= 2, totals
+
+
+@pytest.fixture(scope="module")
+def old_run():
+    if OLD is None:
+        pytest.skip(OLD_WHY)
+    jobs = [{**router_smg_script.sequential(400 + s, package="sglang_router"),
+             "args": ["--policy", "cache_aware"]} for s in range(2)]
+    return list(zip(jobs, run_driver("router_smg_driver.py",
+                                     [router_smg_script.for_driver(j) for j in jobs], OLD, timeout=240)))
+
+
+def test_sglang_router_0_3_2_sends_a_sequential_replay_to_one_worker(old_run):
+    """sglang-router 0.3.2 (docs/engines/routers.md §2.7, SG3): with every load 0 the whole log lands on one worker,
+    as kvsim's version=0.3.2 puts it on its lowest index."""
+    for job, result in old_run:
+        assert len(set(result["workers"])) == 1, result["workers"]
+        router = router_smg_script.make_router("cache_aware", job["workers"], {"version": "0.3.2"})
+        mine = []
+        for i, op in enumerate(job["ops"]):
+            req = router_smg_script.RouteRequest(i, op["rid"], router_smg_script.np.asarray(op["tokens"]), 0.0)
+            mine.append(router.route(req, [router_smg_script.IDLE] * job["workers"], 0.0))
+            router.finished(req, mine[-1], 0.0)
+        assert set(mine) == {0}

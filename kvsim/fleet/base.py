@@ -106,8 +106,14 @@ class Router(ABC):
     def route(self, req: RouteRequest, loads: Sequence[ReplicaLoad], now: float) -> int:
         """Choose a replica for ``req`` and do the router's dispatch-time bookkeeping."""
         replica = self.choose(req, loads, now)
-        self._dispatched(req, replica, now)
+        self.dispatch(req, replica, now, loads)
         return replica
+
+    def dispatch(self, req: RouteRequest, replica: int, now: float,
+                 loads: Sequence[ReplicaLoad] = ()) -> None:
+        """The bookkeeping of sending ``req`` to ``replica`` (``route`` calls it; tests call it
+        to make kvsim's state follow a real router's choice)."""
+        self._dispatched(req, replica, now)
 
     def _dispatched(self, req: RouteRequest, replica: int, now: float) -> None:
         """The router's bookkeeping once ``req`` is sent to ``replica`` (none by default)."""
@@ -139,10 +145,10 @@ class InFlightRouter(Router):
     def _setup(self) -> None:
         self.in_flight = [0] * self.num_replicas
 
-    def route(self, req: RouteRequest, loads: Sequence[ReplicaLoad], now: float) -> int:
-        replica = super().route(req, loads, now)
+    def dispatch(self, req: RouteRequest, replica: int, now: float,
+                 loads: Sequence[ReplicaLoad] = ()) -> None:
+        super().dispatch(req, replica, now, loads)
         self.in_flight[replica] += 1
-        return replica
 
     def finished(self, req: RouteRequest, replica: int, now: float) -> None:
         self.in_flight[replica] -= 1

@@ -6,11 +6,13 @@ from collections.abc import Mapping
 from kvsim.errors import ConfigError
 from kvsim.fleet.base import Router
 from kvsim.fleet.routers.dynamo import DynamoRouter
+from kvsim.fleet.routers.sglang import CacheAware, PrefixHash
 from kvsim.fleet.routers.simple import LeastLoad, PowerOfTwo, RandomRouter, RoundRobin, Session
 
 ROUTERS: dict[str, type[Router]] = {
     cls.name: cls
-    for cls in (RoundRobin, RandomRouter, LeastLoad, PowerOfTwo, Session, DynamoRouter)
+    for cls in (RoundRobin, RandomRouter, LeastLoad, PowerOfTwo, Session, CacheAware, PrefixHash,
+                DynamoRouter)
 }
 
 

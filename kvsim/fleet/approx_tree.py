@@ -1,0 +1,174 @@
+"""SGLang's approximate radix tree (smg ``crates/kv_index/src/string_tree.rs``), over tokens.
+
+One tree per model, shared by all workers ("tenants"): each node holds an edge of tokens,
+its children by first token, and per tenant an access epoch. kvsim's logs hold tokens, so
+the tree keys on tokens, one token standing for one character of the HTTP gateway's text
+(``docs/engines/routers.md §2.1``). Rules kept from the source (``docs/engines/routers.md §2.2``):
+
+- ``match`` descends once; a partly matched edge adds its shared prefix and stops there. The
+  tenant is that node's cached ``last_tenant`` (the tenant that created the node) while it
+  still holds the node, else the first tenant in its map. One match in eight (by a global
+  epoch counter) refreshes that tenant's epoch on the node.
+- ``insert`` attaches the tenant to every node on the path (epoch 0 where it is new, so
+  intermediate nodes look old), splits a partly matched edge (the upper half copies the
+  tenants and ``last_tenant``), and stamps the final node with a fresh epoch.
+- ``evict`` pops leaves (per tenant: nodes no child of which the tenant holds) oldest epoch
+  first, while a tenant's character count (0.3.2) or the total (1.13.0, shared bound) is
+  over the bound.
+"""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+
+class Node:
+    """One edge of the tree."""
+
+    __slots__ = ("edge", "children", "tenants", "last_tenant", "parent")
+
+    def __init__(self, edge: np.ndarray, parent: Node | None, last_tenant: int | None) -> None:
+        self.edge = edge
+        self.children: dict[int, Node] = {}
+        self.tenants: dict[int, int] = {}       # tenant -> access epoch
+        self.last_tenant = last_tenant
+        self.parent = parent
+
+
+def _shared(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the common prefix of two token arrays."""
+    m = min(len(a), len(b))
+    if m == 0:
+        return 0
+    diff = np.flatnonzero(a[:m] != b[:m])
+    return int(diff[0]) if len(diff) else m
+
+
+class ApproxTree:
+    """The gateway's per-model tree of routed request texts (here: token sequences)."""
+
+    def __init__(self, tenants: int) -> None:
+        self.root = Node(np.empty(0, dtype=np.int64), None, None)
+        self.epoch = 0
+        self.size = [0] * tenants              # characters (tokens) per tenant
+        for t in range(tenants):                # init_workers inserts "" for each worker
+            self.root.tenants[t] = 0
+
+    def _tick(self) -> int:
+        e = self.epoch
+        self.epoch += 1
+        return e
+
+    @staticmethod
+    def _owner(node: Node) -> int | None:
+        if node.last_tenant is not None and node.last_tenant in node.tenants:
+            return node.last_tenant
+        first = next(iter(node.tenants), None)
+        node.last_tenant = first
+        return first
+
+    def match(self, tokens: np.ndarray) -> tuple[int, int | None]:
+        """(matched tokens, tenant of the deepest matched node); refreshes one match in eight."""
+        node, pos, n = self.root, 0, len(tokens)
+        while pos < n:
+            child = node.children.get(int(tokens[pos]))
+            if child is None:
+                break
+            k = _shared(tokens[pos:], child.edge)
+            pos += k
+            node = child
+            if k < len(child.edge):
+                break
+        tenant = self._owner(node)
+        e = self._tick()
+        if e & 0x7 == 0 and tenant is not None:
+            node.tenants[tenant] = e
+        return pos, tenant
+
+    def holders(self, tokens: np.ndarray) -> list[int]:
+        """The tenants of the node ``match`` stops at (no side effects)."""
+        return list(self._stop(tokens).tenants)
+
+    def owner(self, tokens: np.ndarray) -> int | None:
+        """The tenant ``match`` would name (no side effects)."""
+        node = self._stop(tokens)
+        if node.last_tenant is not None and node.last_tenant in node.tenants:
+            return node.last_tenant
+        return next(iter(node.tenants), None)
+
+    def _stop(self, tokens: np.ndarray) -> Node:
+        node, pos, n = self.root, 0, len(tokens)
+        while pos < n:
+            child = node.children.get(int(tokens[pos]))
+            if child is None:
+                break
+            k = _shared(tokens[pos:], child.edge)
+            pos += k
+            node = child
+            if k < len(child.edge):
+                break
+        return node
+
+    def _attach(self, node: Node, tenant: int, epoch: int) -> None:
+        if tenant not in node.tenants:
+            self.size[tenant] += len(node.edge)
+            node.tenants[tenant] = epoch
+
+    def insert(self, tokens: np.ndarray, tenant: int) -> None:
+        """Record that ``tenant`` was sent ``tokens``."""
+        node, pos, n = self.root, 0, len(tokens)
+        while pos < n:
+            first = int(tokens[pos])
+            child = node.children.get(first)
+            if child is None:
+                leaf = Node(np.array(tokens[pos:], dtype=np.int64), node, tenant)
+                node.children[first] = leaf
+                self._attach(leaf, tenant, self._tick())
+                return
+            k = _shared(tokens[pos:], child.edge)
+            if k < len(child.edge):              # split: the upper part copies tenants and owner
+                upper = Node(child.edge[:k], node, child.last_tenant)
+                upper.tenants = dict(child.tenants)
+                child.edge = child.edge[k:]
+                child.parent = upper
+                upper.children[int(child.edge[0])] = child
+                node.children[first] = upper
+                child = upper
+            self._attach(child, tenant, 0)
+            node, pos = child, pos + k
+        node.tenants[tenant] = self._tick()
+
+    def total(self) -> int:
+        """Characters (tokens) held, summed over tenants."""
+        return sum(self.size)
+
+    def evict(self, max_size: int, *, shared: bool) -> None:
+        """Pop leaves oldest first while a tenant (or, ``shared``, the total) is over ``max_size``."""
+        def over(t: int) -> bool:
+            return self.total() > max_size if shared else self.size[t] > max_size
+        if not any(over(t) for t in range(len(self.size))):
+            return
+        heap: list[tuple[int, int, int, Node]] = []
+        stack, seq = [self.root], 0
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            for t, e in node.tenants.items():
+                if node is not self.root and not any(t in c.tenants for c in node.children.values()):
+                    heap.append((e, seq, t, node))
+                    seq += 1
+        heapq.heapify(heap)
+        while heap:
+            _, _, t, node = heapq.heappop(heap)
+            if not over(t) or t not in node.tenants or any(t in c.tenants for c in node.children.values()):
+                continue
+            del node.tenants[t]
+            self.size[t] -= len(node.edge)
+            parent = node.parent
+            if parent is not None and not node.children and not node.tenants:
+                del parent.children[int(node.edge[0])]
+            if (parent is not None and parent is not self.root and t in parent.tenants
+                    and not any(t in c.tenants for c in parent.children.values())):
+                heapq.heappush(heap, (parent.tenants[t], seq, t, parent))
+                seq += 1
