@@ -6,13 +6,15 @@ from collections.abc import Mapping
 from kvsim.errors import ConfigError
 from kvsim.fleet.base import Router
 from kvsim.fleet.routers.dynamo import DynamoRouter
+from kvsim.fleet.routers.llmd import LlmdApprox, LlmdPrecise
+from kvsim.fleet.routers.production_stack import PrefixAware
 from kvsim.fleet.routers.sglang import CacheAware, PrefixHash
 from kvsim.fleet.routers.simple import LeastLoad, PowerOfTwo, RandomRouter, RoundRobin, Session
 
 ROUTERS: dict[str, type[Router]] = {
     cls.name: cls
     for cls in (RoundRobin, RandomRouter, LeastLoad, PowerOfTwo, Session, CacheAware, PrefixHash,
-                DynamoRouter)
+                DynamoRouter, LlmdApprox, LlmdPrecise, PrefixAware)
 }
 
 

@@ -139,17 +139,19 @@ class CacheAware(InFlightRouter):
         rate = matched / n if n else 0.0
         if rate <= self.settings.cache_threshold or tenant is None:   # strict ">" (docs/engines/routers.md §2.7, SG2)
             return least
-        if self.new:    # any holder of the matched node that does not spill (not the least loaded)
-            ok = [t for t in self.tree.holders(req.tokens) if t in eligible and not self.spills(t, load)]
-            return frozenset(ok) if ok else least
-        return frozenset({tenant}) if tenant in eligible else least
+        # any holder of the matched node (not the least loaded one) that does not spill
+        ok = [t for t in self.tree.holders(req.tokens)
+              if t in eligible and not (self.new and self.spills(t, load))]
+        return frozenset(ok) if ok else least
 
     def choose(self, req: RouteRequest, loads: Sequence[ReplicaLoad], now: float) -> int:
         cands = sorted(self._decide(req, loads, now, peek=False))
-        if len(cands) == 1 or not self.new:
+        if len(cands) == 1:
             return cands[0]
         owner = self.tree.owner(req.tokens)
-        return owner if owner in cands else self.rng.choice(cands)
+        if owner in cands:
+            return owner
+        return self.rng.choice(cands) if self.new else cands[0]
 
     def dispatch(self, req: RouteRequest, replica: int, now: float,
                  loads: Sequence[ReplicaLoad] = ()) -> None:
