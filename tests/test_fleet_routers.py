@@ -310,6 +310,9 @@ def test_ld3_approx_counts_are_not_consecutive():
     h1, h2, _ = r.hashes(x)
     r.holders = {h1: {0}, h2: {0, 1}}
     assert r.prefix_scores(x, 0) == pytest.approx([2 / 3, 1 / 3])
+    h3 = r.hashes(x)[2]
+    r.holders = {h1: {0}, h3: {0, 1}}                  # nobody holds h2: the walk stops there
+    assert r.prefix_scores(x, 0) == pytest.approx([1 / 3, 0.0])
 
 
 def test_ld4_block_floor_and_partial_block():
