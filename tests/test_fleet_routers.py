@@ -26,7 +26,7 @@ def sequential(router, requests, n):
     return out
 
 
-# -- §1 simple routers ------------------------------------------------------------------------
+# -- docs/engines/routers.md §1 simple routers ------------------------------------------------------------------------
 def test_r1_round_robin():
     """R1: 3 replicas, 7 requests -> 0,1,2,0,1,2,0."""
     assert sequential(make_router("round_robin", 3), [req(i, [i]) for i in range(7)], 3) == [0, 1, 2, 0, 1, 2, 0]
@@ -91,7 +91,7 @@ def test_one_replica_always_routes_to_it(name):
     assert set(sequential(r, reqs, 1)) == {0}
 
 
-# -- §2 SGLang gateway cache_aware --------------------------------------------------------------
+# -- docs/engines/routers.md §2 SGLang gateway cache_aware --------------------------------------------------------------
 def test_sg1_affinity_then_a_miss():
     """SG1: A+q1 miss -> w; A+q2 matches 600/700 = 0.857 -> w; B+q3 matches nothing -> any worker."""
     r = make_router("cache_aware", 3)
@@ -208,7 +208,7 @@ def test_prefix_hash_same_head_same_worker_and_the_walk():
     assert owner not in r.candidates(req(9, head), [IDLE] * 4, 0)
 
 
-# -- §3 Dynamo -----------------------------------------------------------------------------------
+# -- docs/engines/routers.md §3 Dynamo -----------------------------------------------------------------------------------
 def test_dy1_load():
     """DY1: r0 = 80 tokens booked on w0; r1 = 112 distinct tokens: w1 14 vs w0 24."""
     r = make_router("dynamo", 2)
@@ -276,7 +276,7 @@ def test_dynamo_prefill_done_and_finished_release_load():
     assert r.costs(b, 2) == [14.0, 14.0]
 
 
-# -- §4 llm-d ------------------------------------------------------------------------------------
+# -- docs/engines/routers.md §4 llm-d ------------------------------------------------------------------------------------
 def _llmd_with_matches(matched: dict[int, int], blocks: int = 10):
     """An llmd_precise router whose pods hold the first ``matched[pod]`` GPU blocks of a request."""
     r = make_router("llmd_precise", 2, block_size=16)
@@ -340,7 +340,7 @@ def test_ld6_ties_are_the_whole_set():
     assert r.candidates(req(0, seq(0, 100)), [IDLE] * 2, 0) == frozenset({0, 1})
 
 
-# -- §5 production-stack --------------------------------------------------------------------------
+# -- docs/engines/routers.md §5 production-stack --------------------------------------------------------------------------
 def test_ps1_chunks_match():
     """PS1: A = 300 chars, then A+x -> chunks 1-2 (256 chars) match -> A's worker."""
     r = make_router("prefixaware", 3, seed=4)
