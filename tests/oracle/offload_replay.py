@@ -5,7 +5,7 @@ to its ``OffloadingConnectorScheduler`` (request state at the call, block hashes
 as ints) and what it answered. :func:`replay_calls` makes the same calls on kvsim's
 :class:`~kvsim.tiers.vllm_connector.OffloadConnector` and returns the first disagreement
 (None when every answer matches): each lookup's ``(external, load_async)``, and each
-step's load and store jobs (job id and keys).
+step's load and store jobs (job id and keys) and the chunks its stores evicted, in order.
 """
 from __future__ import annotations
 
@@ -57,6 +57,15 @@ def settings_of(job: dict[str, Any], num_chunks: int) -> OffloadSettings:
 def replay_calls(calls: list[list[Any]], connector: OffloadConnector) -> str | None:
     """Drive ``connector`` with the recorded calls; the first answer that differs, or None."""
     reqs: dict[str, CallRequest] = {}
+    evicted: list = []
+    prepare_store = connector.manager.prepare_store
+
+    def recorded_prepare_store(keys, ctx):
+        plan = prepare_store(keys, ctx)
+        if plan is not None:
+            evicted.extend(plan.evicted)
+        return plan
+    connector.manager.prepare_store = recorded_prepare_store  # type: ignore[method-assign]
 
     def req(state: dict[str, Any]) -> CallRequest:
         return reqs.setdefault(state["rid"], CallRequest(state["rid"])).update(state)
@@ -73,7 +82,8 @@ def replay_calls(calls: list[list[Any]], connector: OffloadConnector) -> str | N
         elif kind == "alloc":
             connector.update_state_after_alloc(req(call[1]), call[2])
         elif kind == "meta":
-            _, states, scheduled, finished, finished_states, preempted, loads, stores = call
+            _, states, scheduled, finished, finished_states, preempted, loads, stores, want_evicted = call
+            evicted.clear()
             for s in states:
                 req(s)
             for rid in finished:
@@ -82,9 +92,9 @@ def replay_calls(calls: list[list[Any]], connector: OffloadConnector) -> str | N
             meta = connector.build_connector_meta(scheduled, finished, preempted)
             got_loads = {str(j): sorted(k) for j, k in meta.load_jobs.items()}
             got_stores = {str(j): sorted(k) for j, k in meta.store_jobs.items()}
-            if got_loads != loads or got_stores != stores:
-                return (f"call {n}: step jobs differ: kvsim loads {got_loads} stores {got_stores}, "
-                        f"vLLM loads {loads} stores {stores}")
+            if got_loads != loads or got_stores != stores or evicted != want_evicted:
+                return (f"call {n}: step jobs differ: kvsim loads {got_loads} stores {got_stores} "
+                        f"evicted {evicted}, vLLM loads {loads} stores {stores} evicted {want_evicted}")
         elif kind == "output":
             connector.update_connector_output(call[1])
         elif kind == "finished":

@@ -236,9 +236,10 @@ class Recorder:
             return out
 
         def build_connector_meta(scheduler_output):
+            rec.evicted = []
             reqs = {r.request_id: rec.state(r) for r in sched.requests.values()}
             scheduled = dict(scheduler_output.num_scheduled_tokens)
-            finished = sorted(scheduler_output.finished_req_ids or ())
+            finished = list(scheduler_output.finished_req_ids or ())   # set order: PYTHONHASHSEED
             meta = orig["build_connector_meta"](scheduler_output)
             finished_states = {rid: reqs.get(rid) or rec.finished_states.get(rid) for rid in finished}
             rec.calls.append(["meta", [reqs[r] for r in scheduled], scheduled, list(finished),
@@ -246,7 +247,7 @@ class Recorder:
                               {str(j): [rec.unkey(k) for k in sorted(cs._jobs[j].keys, key=rec.unkey)]
                                for j in meta.load_jobs},
                               {str(j): [rec.unkey(k) for k in sorted(cs._jobs[j].keys, key=rec.unkey)]
-                               for j in meta.store_jobs}])
+                               for j in meta.store_jobs}, rec.evicted])
             return meta
 
         def update_connector_output(connector_output):
@@ -261,6 +262,15 @@ class Recorder:
             return orig["request_finished"](request)
 
         self.finished_states: dict[str, dict] = {}
+        self.evicted: list[int] = []
+        prepare_store = cs.manager.prepare_store
+
+        def recorded_prepare_store(keys, ctx):
+            out = prepare_store(keys, ctx)
+            if out is not None:
+                rec.evicted += [rec.unkey(k) for k in out.evicted_keys]
+            return out
+        cs.manager.prepare_store = recorded_prepare_store
         for name, fn in list(locals().items()):
             if name in orig:
                 setattr(cs, name, fn)
