@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.engines.vllm.pool import BlockHashMap, BlockPool, FreeQueue
+from kvsim.engines.vllm.manager import BlockHashMap, BlockPool, FreeQueue
 
 
 def test_free_queue_operations():
@@ -54,7 +54,8 @@ def test_maybe_evict_cached_block_s13():
 
 
 def _kvsim_s8() -> dict:
-    from kvsim.engines.vllm.reference import BlockHasher, Sequence
+    from kvsim.engines.vllm.hashing import BlockHasher
+    from kvsim.engines.vllm.manager import Sequence
     from tests.oracle.vllm_pool_scenarios import BLOCK_SIZE, TOKENS, s8
 
     seq = Sequence("r", list(TOKENS), len(TOKENS), hasher=BlockHasher(BLOCK_SIZE, "sha256"))

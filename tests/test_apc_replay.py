@@ -223,8 +223,8 @@ def test_fast_engine_serves_one_request_at_a_time_like_a_replay(algo):
     """APCFast.serve (one request per call, on a pool that lives across calls) gives the
     same per-request results and the same final pool as replaying the whole trace at once,
     and the reference model's serve agrees with both."""
-    from kvsim.engines.vllm.fast import APCFast
-    from kvsim.engines.vllm.reference import APCReference
+    from kvsim.engines.vllm.sequential import APCFast
+    from kvsim.engines.vllm.sequential import APCReference
     from kvsim.engines.vllm.settings import APCSettings
     from kvsim.drive.requests import workload
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 
 from kvsim.engines.vllm import hashing
-from kvsim.engines.vllm.reference import APCManager, BlockHasher, Sequence
+from kvsim.engines.vllm.hashing import BlockHasher
+from kvsim.engines.vllm.manager import KVCacheManager as APCManager, Sequence
 from kvsim.engines.vllm.settings import PROFILES
 from kvsim.engines.vllm.metrics import CachingMetrics, PrefixCacheStats
-from kvsim.engines.vllm.pool import BlockPool
+from kvsim.engines.vllm.manager import BlockPool
 
 B = 16
 C48 = [0] * 16 + [1] * 16 + [2] * 16
@@ -33,7 +34,7 @@ def ids(blocks) -> list[int]:
 
 def admit(m: APCManager, s: Sequence, num_tokens: int | None = None):
     """Lookup + allocate, as the scheduler admits a waiting request."""
-    hits, n = m.get_computed_blocks(s)
+    hits, n = m.lookup(s)
     new = m.allocate_slots(s, (s.num_tokens if num_tokens is None else num_tokens) - n, n, hits)
     return hits, n, new
 
@@ -170,7 +171,7 @@ def test_s9_multimodal_extra_keys():
     r1 = seq("r1", prompt + [-1] * 7 + [200] * 5, mm_items=mm)
     assert admit(m, r1)[1] == 48
     other = [(11, 10, "zzz"), (30, 18, "bbb"), (48, 7, "ccc")]
-    assert m.get_computed_blocks(seq("r2", prompt + [-1] * 7 + [200] * 5, mm_items=other)) == ([], 0)
+    assert m.lookup(seq("r2", prompt + [-1] * 7 + [200] * 5, mm_items=other)) == ([], 0)
 
 
 def test_s10_cache_salting():
@@ -182,8 +183,8 @@ def test_s10_cache_salting():
     r0.append([8] * 5)
     assert m.allocate_slots(r0, 5) == [] and len(r0.block_hashes) == 4
     assert admit(m, seq("r1", C48 + [3] * 11, cache_salt="salt1"))[1] == 48
-    assert m.get_computed_blocks(seq("r2", C48 + [4] * 11, cache_salt="salt2"))[1] == 0
-    assert m.get_computed_blocks(seq("r3", C48 + [4] * 11))[1] == 0
+    assert m.lookup(seq("r2", C48 + [4] * 11, cache_salt="salt2"))[1] == 0
+    assert m.lookup(seq("r3", C48 + [4] * 11))[1] == 0
 
 
 def test_s11_not_enough_free_blocks_with_computed_blocks():
@@ -198,7 +199,7 @@ def test_s11_not_enough_free_blocks_with_computed_blocks():
     admit(m, seq("r2", [7] * 32))
     assert m.pool.num_free_blocks == 5
     r3 = seq("r3", C48 * 3)
-    hits, n = m.get_computed_blocks(r3)
+    hits, n = m.lookup(r3)
     assert (ids(hits), n) == ([1, 2, 3, 4, 5, 6], 96)
     # 3 new blocks + 3 evictable hits = 6 > 5 free: refused, nothing changes
     assert m.allocate_slots(r3, 48, 96, hits) is None
@@ -252,7 +253,7 @@ def test_s15_eagle_drops_last_matched_block(length):
     r0 = seq("r0", [0] * length)
     admit(m, r0)
     m.free(r0)
-    hits, n = m.get_computed_blocks(seq("r1", [0] * length))
+    hits, n = m.lookup(seq("r1", [0] * length))
     assert (len(hits), n) == (1, 16)
 
 

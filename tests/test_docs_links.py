@@ -22,14 +22,10 @@ CODE_DIRS = ("kvsim", "tests", "bench", "scripts")
 CODE_SUFFIXES = {".py", ".sh", ".ipynb", ".md", ".txt", ".toml"}
 
 # A citation names the page it refers to; old names map onto the new pages.
-DOC_NAMES = {
-    "docs/engines/apc.md": "apc", "engines/apc.md": "apc", "apc.md": "apc", "vllm_apc.md": "apc",
-    "docs/engines/radix.md": "radix", "engines/radix.md": "radix", "radix.md": "radix",
-    "sglang_radix.md": "radix",
-    "docs/engines/vllm-scheduler.md": "vllm-scheduler", "engines/vllm-scheduler.md": "vllm-scheduler",
-    "vllm-scheduler.md": "vllm-scheduler", "docs/engines/sglang-scheduler.md": "sglang-scheduler",
-    "engines/sglang-scheduler.md": "sglang-scheduler", "sglang-scheduler.md": "sglang-scheduler",
-}
+PAGES = sorted(p.stem for p in ENGINES.glob("*.md"))
+DOC_NAMES = {name: page for page in PAGES
+             for name in (f"docs/engines/{page}.md", f"engines/{page}.md", f"{page}.md")}
+DOC_NAMES.update({"vllm_apc.md": "apc", "sglang_radix.md": "radix"})
 SCHEDULER_PAGES = {"vllm": "vllm-scheduler", "sglang": "sglang-scheduler"}
 DOC_MENTION = re.compile(r"[\w./-]*?([\w-]+\.md)")
 SECTION_REF = re.compile(r"§\s*(\d+(?:\.\d+)*)")
@@ -134,20 +130,22 @@ def _page_of_mention(name: str) -> str | None:
 def citations(path: Path):
     """(line number, page, section, line) for every § citation of an engine page.
 
-    The page is the document named just before the § on the same line; else the engine the
-    line talks about (vLLM/APC or SGLang/radix); else the engine page named last before it in
-    the file; else the engine the file's path names. Citations of other documents
-    (``traces/README.md §5``) and ones that cannot be placed are left out.
+    The page is the document named just before the § on the same line; else, in an
+    engine's scheduler modules, its scheduler page; else the engine the line talks about
+    (vLLM/APC or SGLang/radix); else the first engine page the file names; else the engine
+    the file's path names. Citations of other documents (``traces/README.md §5``) and ones
+    that cannot be placed are left out.
     """
-    last_page = None
+    text = path.read_text(encoding="utf-8", errors="replace")
     named = f"{path.parent.name}/{path.name}"
     path_page = ("apc" if re.search(r"apc|vllm", named) else
                  "radix" if re.search(r"radix|sglang", named) else None)
-    # an engine's scheduler modules: a bare § cites the engine's scheduler page
     sched = path.parent.name in ("vllm", "sglang") and path.stem in ("scheduler", "adder", "policy")
     if sched and path_page:
         path_page = SCHEDULER_PAGES["vllm" if path_page == "apc" else "sglang"]
-    for lineno, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+    first = next((DOC_NAMES[m.group(1)] for m in DOC_MENTION.finditer(text) if m.group(1) in DOC_NAMES), None)
+    file_page = path_page if sched else (first or path_page)
+    for lineno, line in enumerate(text.splitlines(), 1):
         mentions = [(m.end(), _page_of_mention(m.group(1))) for m in DOC_MENTION.finditer(line)]
         words = {page for page, rx in ENGINE_WORDS.items() if rx.search(line)}
         for ref in SECTION_REF.finditer(line):
@@ -156,15 +154,12 @@ def citations(path: Path):
                 page = before[-1]
             elif sched:
                 page = path_page
-            elif len(words) == 1:
+            elif len(words) == 1 and file_page in (None, "apc", "radix"):
                 page = next(iter(words))
             else:
-                page = last_page or path_page
+                page = file_page
             if page:
                 yield lineno, page, ref.group(1), line.strip()
-        pages = [p for _, p in mentions if p]
-        if pages:
-            last_page = pages[-1]
 
 
 def code_files():
@@ -177,7 +172,7 @@ def code_files():
 
 def test_engine_citations_in_code_name_existing_sections():
     """Every `§N.N` a comment or docstring cites exists on the engine page it cites."""
-    known = {page: sections(page) for page in ("apc", "radix", *SCHEDULER_PAGES.values())}
+    known = {page: sections(page) for page in PAGES}
     found, bad = 0, []
     for p in code_files():
         for lineno, page, sec, line in citations(p):
@@ -196,7 +191,7 @@ def test_citation_placement(tmp_path):
                  "see traces/README.md §5\n"
                  "bare §2.1\n")
     got = [(page, sec) for _, page, sec, _ in citations(f)]
-    assert got == [("apc", "3.5"), ("radix", "5.3"), ("radix", "1.2"), ("radix", "6"), ("radix", "2.1")]
+    assert got == [("apc", "3.5"), ("radix", "5.3"), ("radix", "1.2"), ("radix", "6"), ("apc", "2.1")]
     assert {"1", "1.1", "3.5", "6", "8"} <= sections("apc")
     assert {"0.1", "1.2", "2.1", "5.3", "7.2", "9"} <= sections("radix")
 

@@ -122,7 +122,7 @@ def test_radix_admission_table_holds_the_cached_prefix_slots():
     """A radix admission's block table starts with the slots of the matched prefix (SGLang's
     prefix_indices), never the padding slot 0 — the bug gpu-validate first found."""
     from kvsim.engines.base import Request
-    from kvsim.engines.sglang.reference import RadixReference
+    from kvsim.engines.sglang.sequential import RadixReference
     from kvsim.engines.sglang.settings import RadixSettings
 
     model = RadixReference(RadixSettings(page_size=1))

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from kvsim.engines.base import Request
-from kvsim.engines.sglang.reference import RadixReference, namespace
-from kvsim.engines.sglang.fast import RadixFast
+from kvsim.engines.sglang.rules import namespace
+from kvsim.engines.sglang.sequential import RadixReference
+from kvsim.engines.sglang.sequential import RadixFast
 from kvsim.engines.sglang.settings import RadixSettings
 from kvsim.engines.sglang.stats import tree_report
 from tests.oracle.sglang_workloads import make_workload
@@ -28,11 +29,11 @@ def both(workload, **kw):
     for i, (p, o, lora, salt) in enumerate(zip(workload.prompts, workload.outputs, workload.loras,
                                                  workload.salts)):
         a = ref.serve(Request(str(i), p, o, lora=lora, cache_salt=salt))
-        b = fast.serve_tokens(np.concatenate([p, o]).astype(np.int64), len(p), len(o), namespace(lora, salt))
+        b = fast.serve_tokens(np.asarray(p, np.int64), np.asarray(o, np.int64), namespace(lora, salt))
         rows_ref.append((a.cached_tokens, a.rejected, a.evicted_tokens, a.evictions, a.max_new,
                          a.extend_tokens, ref.used_tokens(), ref.tree.evictable_size))
         rows_fast.append((b.cached_tokens, b.rejected, b.evicted_tokens, b.evictions, b.max_new,
-                          b.extend_tokens, fast.C - fast.avail, fast.evictable))
+                          b.extend_tokens, fast.used_tokens(), fast.evictable))
     ref.tree.check()
     return ref, fast, rows_ref, rows_fast
 
@@ -65,7 +66,7 @@ def test_fast_equals_reference(case):
     assert a == b
     assert ref.tree.paths() == fast.paths()
     assert tree_report(ref.tree) == tree_report(fast)
-    assert ref.peak_used == fast.peak_used
+    assert ref.peak_used_tokens == fast.peak_used_tokens
     assert sum(r[2] for r in a) > 0, "the capacity should force evictions"
 
 

@@ -28,8 +28,9 @@ import numpy as np
 import pytest
 
 from kvsim.engines.base import Request
-from kvsim.engines.sglang.reference import RadixReference, namespace
-from kvsim.engines.sglang.fast import RadixFast
+from kvsim.engines.sglang.rules import namespace
+from kvsim.engines.sglang.sequential import RadixReference
+from kvsim.engines.sglang.sequential import RadixFast
 from kvsim.engines.sglang.settings import RadixSettings
 from tests.oracle.sglang_workloads import Workload, add_logprob_requests, make_workload, run_oracle
 
@@ -103,13 +104,13 @@ def test_fast_engine_matches_sglang(oracle, cfg):
     eng = RadixFast(kvsim_settings(cfg))
     got = []
     for prompt, out, lora, salt in zip(w.prompts, w.outputs, w.loras, w.salts):
-        o = eng.serve_tokens(np.concatenate([prompt, out]).astype(np.int64), len(prompt), len(out), namespace(lora, salt))
-        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evictions, eng.avail,
+        o = eng.serve_tokens(np.asarray(prompt, np.int64), np.asarray(out, np.int64), namespace(lora, salt))
+        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evictions, eng.available(),
                     eng.total_size, eng.evictable))
     expected = columns(real)
     first_bad = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), None)
     assert first_bad is None, f"request {first_bad}: kvsim {got[first_bad]} != sglang {expected[first_bad]}"
-    assert (eng.log_hit, eng.log_input) == (real["log_hit_tokens"], real["log_input_tokens"])
+    assert (eng.cache.log_hit_tokens, eng.cache.log_input_tokens) == (real["log_hit_tokens"], real["log_input_tokens"])
     assert sum(r[2] for r in expected) > 20 * cfg["capacity"], "the capacity should force many evictions"
     assert sum(r[0] for r in expected) > 0
     if real["paths"] is not None:
@@ -146,9 +147,9 @@ def _serve_fast(cfg: dict, w: Workload, starts: list[int]) -> tuple[RadixFast, l
     eng = RadixFast(kvsim_settings(cfg))
     got = []
     for prompt, out, lora, salt, start in zip(w.prompts, w.outputs, w.loras, w.salts, starts):
-        o = eng.serve_tokens(np.concatenate([prompt, out]).astype(np.int64), len(prompt), len(out), namespace(lora, salt),
+        o = eng.serve_tokens(np.asarray(prompt, np.int64), np.asarray(out, np.int64), namespace(lora, salt),
                       start)
-        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evictions, eng.avail,
+        got.append((o.cached_tokens, o.rejected, o.evicted_tokens, o.evictions, eng.available(),
                     eng.total_size, eng.evictable))
     return eng, got
 
@@ -166,7 +167,7 @@ def test_logprob_requests_match_sglang(logprob_oracle, cfg):
     first_bad = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), None)
     assert first_bad is None, (f"request {first_bad} (start {starts[first_bad]}, prompt "
                                f"{len(w.prompts[first_bad])}): kvsim {got[first_bad]} != sglang {expected[first_bad]}")
-    assert (eng.log_hit, eng.log_input) == (real["log_hit_tokens"], real["log_input_tokens"])
+    assert (eng.cache.log_hit_tokens, eng.cache.log_input_tokens) == (real["log_hit_tokens"], real["log_input_tokens"])
     if real["paths"] is not None:
         assert [tuple(x) for x in real["paths"]] == eng.paths()
     # the workload exercises the rule: capped starts, starts inside a page, refusals
@@ -291,7 +292,7 @@ def test_scenarios_on_the_real_flow(tmp_path):
     for (w, cfgs), rs in zip(jobs, res):
         for c, r in zip(cfgs, rs):
             eng = RadixFast(kvsim_settings(c))
-            outs = [eng.serve_tokens(np.concatenate([p, o]).astype(np.int64), len(p), len(o), None)
+            outs = [eng.serve_tokens(np.asarray(p, np.int64), np.asarray(o, np.int64), None)
                     for p, o in zip(w.prompts, w.outputs)]
             assert [o.cached_tokens for o in outs] == r["cached"]
             assert [o.evicted_tokens for o in outs] == r["evicted_tokens"]

@@ -15,8 +15,8 @@ import pytest
 
 from kvsim.engines.base import Request
 from kvsim.engines.sglang.tree import RadixTree
-from kvsim.engines.sglang.reference import RadixReference
-from kvsim.engines.sglang.fast import RadixFast
+from kvsim.engines.sglang.sequential import RadixReference
+from kvsim.engines.sglang.sequential import RadixFast
 from kvsim.engines.sglang.settings import RadixSettings
 
 FLAVORS = ["unified", "classic"]
@@ -231,7 +231,7 @@ def serve_all(reqs, engine="reference", **kw):
         out = [m.serve(Request(str(i), np.array(p), np.array(o))) for i, (p, o) in enumerate(reqs)]
     else:
         m = RadixFast(RadixSettings(**kw))
-        out = [m.serve_tokens(np.array(p + o, np.int64), len(p), len(o), None) for p, o in reqs]
+        out = [m.serve_tokens(np.array(p, np.int64), np.array(o, np.int64), None) for p, o in reqs]
     return out, m
 
 
@@ -259,7 +259,7 @@ def serve_starts(reqs, engine, **kw):
                for i, (p, o, s) in enumerate(reqs)]
     else:
         m = RadixFast(RadixSettings(**kw))
-        out = [m.serve_tokens(np.array(p + o, np.int64), len(p), len(o), None, s) for p, o, s in reqs]
+        out = [m.serve_tokens(np.array(p, np.int64), np.array(o, np.int64), None, s) for p, o, s in reqs]
     total = m.total_size if engine == "fast" else m.tree.total_size
     return out, total
 

@@ -124,17 +124,36 @@ def test_sglang_settings_errors(bad):
         SglangSchedSettings(**{"capacity": 1024, **bad})
 
 
-def test_ring_allocator_hands_out_the_same_pages_as_the_reference():
-    """The adapter's numpy ring gives the same pages in the same order as SlotAllocator."""
-    from kvsim.engines.sglang.reference import SlotAllocator
-    from kvsim.engines.sglang.door import RingSlotAllocator
+class DequeAllocator:
+    """SGLang's allocators as written (``allocator.py``): free pages in a deque, handed out from
+    the front; the token allocator appends freed pages, the paged one prepends them."""
+
+    def __init__(self, capacity: int, p: int) -> None:
+        from collections import deque
+
+        self.p, self.free = p, deque(range(1, capacity // p + 1))
+
+    def alloc_pages(self, n: int) -> np.ndarray:
+        return np.array([self.free.popleft() for _ in range(n)], np.int64)
+
+    def free_slots(self, slots: np.ndarray) -> None:
+        pages = (slots[::self.p] // self.p).tolist()
+        if self.p == 1:
+            self.free.extend(pages)
+        else:
+            self.free.extendleft(reversed(pages))
+
+
+def test_page_allocator_hands_out_pages_in_sglangs_order():
+    """The numpy ring gives the pages SGLang's deque allocators give, in the same order."""
+    from kvsim.engines.sglang.allocator import PageAllocator
 
     rng = np.random.default_rng(0)
     for p in (1, 4):
-        ref, ring = SlotAllocator(64 * p, p), RingSlotAllocator(64 * p, p)
+        ref, ring = DequeAllocator(64 * p, p), PageAllocator(64 * p, p)
         held = []
         for _ in range(400):
-            if held and (rng.random() < 0.5 or ref.available_size() < 8 * p):
+            if held and (rng.random() < 0.5 or len(ref.free) < 8):
                 pages = held.pop(int(rng.integers(len(held))))
                 slots = (pages[:, None] * p + np.arange(p)).reshape(-1)
                 ref.free_slots(slots)
@@ -144,7 +163,7 @@ def test_ring_allocator_hands_out_the_same_pages_as_the_reference():
                 a, b = ref.alloc_pages(n), ring.alloc_pages(n)
                 np.testing.assert_array_equal(a, b)
                 held.append(a)
-            assert ref.available_size() == ring.available_size()
+            assert len(ref.free) * p == ring.available()
 
 
 BULK_CASES = {

@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).parent / "oracle"))
 from sched_scenarios import LPM_HITS, MODES, VLLM_EXPECTED, distinct, lpm_workload, sglang_15_16, vllm_scenarios
 
 from kvsim.engines.sglang.adder import CONTINUE, NO_TOKEN, OTHER, PrefillAdder
-from kvsim.engines.sglang.door import SglangKVCache
+from kvsim.engines.sglang.request import make_cache
+from kvsim.engines.sglang.settings import RadixSettings
 from kvsim.engines.sglang.policy import SchedulePolicy
 from kvsim.engines.sglang.scheduler import SglangEngine, SglangRequest, SglangSchedSettings, replay_sglang_steps
 from kvsim.engines.vllm.scheduler import VllmRequest, VllmSchedSettings, VllmScheduler, replay_vllm_steps
@@ -110,12 +111,12 @@ class Queue:
     """A tree cache and waiting requests built from token lists, for calc_priority."""
 
     def __init__(self) -> None:
-        self.cache = SglangKVCache(capacity=100_000)
+        self.cache = make_cache(RadixSettings(capacity=100_000))
         self.reqs: dict[str, SglangRequest] = {}
 
     def cached(self, tokens) -> None:
         tokens = np.asarray(tokens, np.int64)
-        self.cache.tree.insert(tokens, self.cache.model.alloc.alloc_pages(len(tokens)))
+        self.cache.tree.insert(tokens, self.cache.pool.alloc_pages(len(tokens)))
 
     def wait(self, name: str, tokens, max_new: int = 10) -> SglangRequest:
         kv = self.cache.new_state(np.asarray(tokens), np.zeros(max_new, np.int64), max_new)
@@ -206,9 +207,9 @@ def test_sglang_23_lpm_falls_back_to_fcfs_above_128(misses, hit_first):
 
 # -- SGLang 24: PrefillAdder arithmetic -----------------------------------------------------------
 def adder_case(chunk: int | None, cached: int = 0):
-    cache = SglangKVCache(capacity=1000 + cached)
+    cache = make_cache(RadixSettings(capacity=1000 + cached))
     if cached:
-        cache.tree.insert(np.arange(cached, dtype=np.int64), cache.model.alloc.alloc_pages(cached))
+        cache.tree.insert(np.arange(cached, dtype=np.int64), cache.pool.alloc_pages(cached))
     return cache, PrefillAdder(cache, [], 0.7, 16384, chunk)
 
 

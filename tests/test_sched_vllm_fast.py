@@ -91,7 +91,7 @@ def test_unknown_implementation_is_a_clear_error():
 def test_block_keys_follow_the_sampled_tokens(diverge_at):
     """Keys hashed ahead from the planned outputs are used only while the sampled tokens
     follow the plan; after a different token they are those of the tokens really appended."""
-    from kvsim.engines.vllm.door import make_kv_cache
+    from kvsim.engines.vllm.scheduler import kv_cache_manager as make_kv_cache
 
     rng = np.random.default_rng(diverge_at)
     prompt, planned = rng.integers(0, 50, 37), rng.integers(0, 50, 45)

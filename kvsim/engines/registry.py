@@ -52,10 +52,10 @@ class Design:
 
 DESIGNS: dict[str, Design] = {
     "apc": Design("apc", "vLLM APC", "kvsim.engines.vllm.settings:APCSettings",
-                  "kvsim.engines.vllm.reference:APCReference", "kvsim.engines.vllm.fast:APCFast",
+                  "kvsim.engines.vllm.sequential:APCReference", "kvsim.engines.vllm.sequential:APCFast",
                   "kvsim.engines.vllm.metrics:replay_report", "kvsim.engines.vllm.settings:EXTRA_KEYS"),
     "radix": Design("radix", "SGLang radix", "kvsim.engines.sglang.settings:RadixSettings",
-                    "kvsim.engines.sglang.reference:RadixReference", "kvsim.engines.sglang.fast:RadixFast",
+                    "kvsim.engines.sglang.sequential:RadixReference", "kvsim.engines.sglang.sequential:RadixFast",
                     "kvsim.engines.sglang.stats:replay_report", "kvsim.engines.sglang.settings:EXTRA_KEYS"),
 }
 

@@ -31,11 +31,11 @@ class CacheModel:
 
 
 def build_apc(trace: Trace, options: SimOptions) -> CacheModel:
-    """vLLM APC (:class:`kvsim.engines.vllm.reference.APCReference`), as a replay's reference model is built."""
+    """vLLM APC (:class:`kvsim.engines.vllm.sequential.APCReference`), as a replay's reference model is built."""
     from dataclasses import replace
 
     from kvsim.engines.vllm import rules
-    from kvsim.engines.vllm.reference import APCReference
+    from kvsim.engines.vllm.sequential import APCReference
     from kvsim.engines.vllm.settings import APCSettings
 
     st = APCSettings.from_options(options)
@@ -56,14 +56,14 @@ def build_apc(trace: Trace, options: SimOptions) -> CacheModel:
 
 
 def build_radix(trace: Trace, options: SimOptions) -> CacheModel:
-    """SGLang RadixAttention (:class:`kvsim.engines.sglang.reference.RadixReference`), as a
+    """SGLang RadixAttention (:class:`kvsim.engines.sglang.sequential.RadixReference`), as a
     replay's reference model is built.
 
     Admission tables hold one slot per token at page size 1 and page ids above it; a
     running request's ``row`` (SGLang's ``req_to_token``) holds one slot per token.
     Slot 0 / page 0 is SGLang's padding and never handed out.
     """
-    from kvsim.engines.sglang.reference import RadixReference
+    from kvsim.engines.sglang.sequential import RadixReference
     from kvsim.engines.sglang.rules import ceil_page
     from kvsim.engines.sglang.settings import RadixSettings
 

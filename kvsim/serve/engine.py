@@ -4,15 +4,15 @@ Each request goes through the engine exactly as the sequential replay of
 ``kvsim simulate`` serves it, so a recorded log replayed by ``simulate`` gives the same
 ``cached_tokens`` request for request:
 
-* ``apc`` — vLLM 0.33 APC, the reference model :class:`kvsim.engines.vllm.reference.APCReference`
+* ``apc`` — vLLM 0.33 APC, the reference model :class:`kvsim.engines.vllm.sequential.APCReference`
   with the settings :meth:`APCSettings.from_options` resolves: ``fits_ever`` (else
   rejected, cache untouched), ``admit`` → ``decode`` × (M − 1) → ``finish`` (as its
   ``serve``); ``implementation="fast"`` makes the M − 1 decode steps one call
   (:meth:`APCReference.decode_rest`).
 * ``radix`` — SGLang 0.5.23 RadixAttention with :meth:`RadixSettings.from_options`, one
-  ``serve`` call per request: the fast engine :class:`kvsim.engines.sglang.fast.RadixFast`
+  ``serve`` call per request: the fast engine :class:`kvsim.engines.sglang.sequential.RadixFast`
   (``implementation="fast"``, what ``simulate`` runs) or the reference model
-  :class:`kvsim.engines.sglang.reference.RadixReference`.
+  :class:`kvsim.engines.sglang.sequential.RadixReference`.
 
 Requests reach the engine one at a time, in the order the server applies them (see
 :mod:`kvsim.serve.service`); there is no notion of time yet.
@@ -95,7 +95,7 @@ class _ApcEngine(ServeEngine):
     def __init__(self, options: SimOptions, implementation: str = "fast") -> None:
         from dataclasses import replace
 
-        from kvsim.engines.vllm.reference import APCReference
+        from kvsim.engines.vllm.sequential import APCReference
         from kvsim.engines.vllm.settings import APCSettings
 
         s = self._settings = APCSettings.from_options(options)
@@ -172,8 +172,8 @@ class _RadixEngine(ServeEngine):
     policy = "radix"
 
     def __init__(self, options: SimOptions, implementation: str = "fast") -> None:
-        from kvsim.engines.sglang.fast import RadixFast
-        from kvsim.engines.sglang.reference import RadixReference
+        from kvsim.engines.sglang.sequential import RadixFast
+        from kvsim.engines.sglang.sequential import RadixReference
         from kvsim.engines.sglang.settings import RadixSettings
 
         s = self._settings = RadixSettings.from_options(options)
@@ -188,8 +188,7 @@ class _RadixEngine(ServeEngine):
 
         prompt, output = np.asarray(prompt, np.int64), np.asarray(output, np.int64)
         if self._fast:
-            o = self.model.serve_tokens(np.concatenate([prompt, output]), len(prompt), len(output),
-                                        namespace(lora, cache_salt), logprob_start_len)
+            o = self.model.serve_tokens(prompt, output, namespace(lora, cache_salt), logprob_start_len)
         else:
             o = self.model.serve(Request(request_id, prompt, output, lora=lora, cache_salt=cache_salt,
                                          prompt_logprobs=prompt_logprobs, logprob_start_len=logprob_start_len))
@@ -207,10 +206,7 @@ class _RadixEngine(ServeEngine):
     def state(self) -> EngineState:
         m = self.model
         cap = self.capacity_tokens
-        if self._fast:
-            held, available, evictable = m.total_size, m.avail, m.evictable
-        else:
-            held, available, evictable = m.used_tokens(), m.available(), m.tree.evictable_size
+        held, available, evictable = m.used_tokens(), m.available(), m.evictable
         available = None if cap is None else int(available)
         usage = 0.0 if cap is None else (cap - available - int(evictable)) / cap
         return EngineState(prefix_queries=0, prefix_hits=0, held_tokens=int(held), capacity_tokens=cap,

@@ -181,7 +181,7 @@ def measured_mask(n: int, warmup: float = 0.0) -> np.ndarray:
 
 def _chained_units(trace: Trace, unit: int, hash_algo: str, engine_version: str | None):
     """APC's own block keys (prompt + outputs, namespaces) at block size ``unit``."""
-    from kvsim.engines.vllm.fast import APCFast
+    from kvsim.engines.vllm.sequential import APCFast
     from kvsim.engines.vllm.settings import APCSettings
     from kvsim.drive.requests import workload
 

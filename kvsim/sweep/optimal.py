@@ -9,8 +9,8 @@ obey (``docs/optimal.md`` states them and proves the algorithm exact):
   runs (``vllm_apc.md §2.2, §3.5``); a request too big for the cache is rejected.
 - ``radix`` — SGLang's: whole pages (tokens at page size 1), ``floor_page(L-1)`` may hit,
   ``floor_page(L+k-1)`` tokens are written, the prefill holds one extra page, generation is
-  clipped to the pool and admission follows ``PrefillAdder`` (``sglang_radix.md §2.1, §3.3,
-  §5.5, §7.2``).
+  clipped to the pool and admission follows ``PrefillAdder`` (``radix.md`` §2.1, §3.3,
+  radix.md §5.5, §7.2).
 - ``block`` — kvcache-lab's storage model: the log's blocks (the partial last block
   weighted by its real length, or dropped), no recompute cap, no footprint: the cache
   stores up to C blocks and may bypass any block (``traces/README.md §4``).
@@ -246,7 +246,7 @@ def radix_optimal(trace: Trace, page_size: int = 1, warmup: float | int | None =
             max_new = want
             fits = np.ones(len(L), bool)
         else:
-            # Scheduler.init_req_max_new_tokens: generation clipped to the empty pool (§7.2)
+            # Scheduler.init_req_max_new_tokens: generation clipped to the empty pool (radix.md §7.2)
             max_new = radix_rules.max_new_tokens_for_memory_all(L, want, T, p)
             fits = radix_rules.admits_all(run_L, max_new, p, T)
         k = np.where(aborted, 1, np.minimum(wanted, np.maximum(max_new, 1)))

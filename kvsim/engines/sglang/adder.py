@@ -7,10 +7,13 @@ Re-states ``PrefillAdder`` and ``PrefillBudget`` (``schedule_policy.py``,
 slots plus the evictable tree, minus what running requests may still need: each
 running request reserves ``min(max_new - generated, 4096)`` tokens, scaled by
 ``new_token_ratio`` unless it ignores EOS (§4.1). Admission never evicts; it only counts.
+The admission test and the chunk lengths are the engine's rules (``rules.admits``,
+``first_chunk``, ``next_chunk``), which a lone request meets through the same formulas.
 """
 from __future__ import annotations
 
-from kvsim.engines.sglang.rules import CLIP_MAX_NEW_TOKENS, floor_page
+from kvsim.engines.sglang import rules
+from kvsim.engines.sglang.rules import CLIP_MAX_NEW_TOKENS
 
 CONTINUE, NO_TOKEN, OTHER = "continue", "no_token", "other"
 
@@ -64,13 +67,11 @@ class PrefillAdder:
 
     def add_chunked_req(self, req):
         """The next chunk of the request being chunked goes first; returns it if still unfinished."""
-        rem = min(self.rem_chunk, int(self.remaining_total))
-        if rem <= 0:
-            rem = self.rem_chunk       # a continuing chunk must progress to free its KV
         kv = req.kv
         remaining = req.seq_len - kv.prefix_len
-        truncated = remaining > rem
-        new_len = min(remaining, rem)
+        # a continuing chunk must progress to free its KV: at least a chunk, whatever the room
+        new_len = rules.next_chunk(remaining, self.remaining_total, self.rem_chunk)
+        truncated = remaining > new_len
         kv.extend_end = kv.prefix_len + new_len
         self.can_run.append(req)
         self._reserve(new_len, 0 if truncated else min(req.max_new, CLIP_MAX_NEW_TOKENS))
@@ -79,25 +80,24 @@ class PrefillAdder:
     def add_one_req(self, req) -> str:
         """Admit a waiting request whole, as the new chunked request, or not at all (§4.3)."""
         kv, p = req.kv, self.page
-        max_new = min(max(req.max_new - req.out_count, 0), CLIP_MAX_NEW_TOKENS)
+        max_new = max(req.max_new - req.out_count, 0)
         extend = req.seq_len - kv.prefix_len
-        total = extend + max_new + p
         cache = self.cache
         cache.lock(kv.last_node)       # a temporary pin: its prefix stops counting as evictable
         try:
-            if not total < self.remaining_total:
+            if not rules.admits(extend, max_new, p, self.remaining_total):
                 return NO_TOKEN
             input_tokens = self.ceil_page(extend)
             if self.rem_chunk is None and self.can_run and input_tokens >= self.rem_input:
                 return OTHER
             reserve_new = min(req.max_new, CLIP_MAX_NEW_TOKENS)
             chunked = False
-            if self.rem_chunk is not None and input_tokens > self.rem_chunk:
-                end = floor_page(kv.prefix_len + floor_page(self.rem_chunk, p), p)
-                extend = end - kv.prefix_len
-                if extend <= 0:
+            if self.rem_chunk is not None:
+                first = rules.first_chunk(extend, self.rem_chunk, p) if self.rem_chunk > 0 else 0
+                if first <= 0:
                     return OTHER
-                chunked, reserve_new = True, 0
+                if first < extend:
+                    extend, chunked, reserve_new = first, True, 0
             kv.extend_end = kv.prefix_len + extend
             cache.lock(kv.last_node)
             self.can_run.append(req)

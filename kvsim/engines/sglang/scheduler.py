@@ -27,7 +27,9 @@ from kvsim.errors import ConfigError
 from kvsim.drive.clock import run_steps
 from kvsim.drive.results import StepResult
 from kvsim.engines.sglang.adder import CONTINUE, NO_TOKEN, OTHER, PrefillAdder
-from kvsim.engines.sglang.door import SglangKVCache, namespace
+from kvsim.engines.sglang.request import make_cache
+from kvsim.engines.sglang.rules import namespace
+from kvsim.engines.sglang.settings import RadixSettings
 from kvsim.engines.sglang.policy import CACHE_AWARE, POLICIES, SchedulePolicy
 
 RETRACT_DECODE_STEPS = 20          # SGLANG_RETRACT_DECODE_STEPS
@@ -89,7 +91,7 @@ class SglangRequest:
         self.index = index
         self.kv = kv                                # the cache adapter's RequestState
         self.prompt_len = len(kv.prompt)
-        self.num_outputs = len(kv.outputs)          # the reply it would write, stop token last
+        self.num_outputs = kv.k                      # the reply it would write, stop token last
         self.max_new = max_new                      # sampling_params.max_new_tokens after clipping
         self.ignore_eos = ignore_eos
         self.out_count = 0                          # len(output_ids)
@@ -141,7 +143,9 @@ class SglangEngine:
         self.loras, self.salts = loras, salts       # namespaces: LoRA adapter name, cache_salt
         self.logprob_starts = logprob_starts        # logprob_start_len per request (-1: none)
         self.prompts, self.outputs = prompts, outputs
-        self.cache = SglangKVCache(s.capacity, s.page_size, s.eviction_policy)
+        self.cache = make_cache(RadixSettings(page_size=s.page_size, capacity=s.capacity,
+                                              eviction_policy=s.eviction_policy,
+                                              chunked_prefill_size=s.chunked_prefill_size if s.chunked_prefill_size > 0 else -1))
         # without prefix caching SGLang turns lpm and dfs-weight into fcfs
         policy = s.schedule_policy if s.enable_prefix_caching or s.schedule_policy not in CACHE_AWARE else "fcfs"
         self.policy = SchedulePolicy(policy, self.cache, s.random_seed)
@@ -270,7 +274,7 @@ class SglangEngine:
             return 0
         if p == 1:
             cache.evict_to_free(k * bs)
-        cache.alloc_decode_steps([r.kv for r in reqs], k)
+        cache.alloc_decode([r.kv for r in reqs], k)
         for r in reqs:
             r.out_count += k
         for _ in range(k):

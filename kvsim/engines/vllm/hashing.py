@@ -212,6 +212,44 @@ def fast_hash_sequence(tokens, start_block, num_blocks, block_size, parent, ever
         out[j] = h
 
 
+class BlockHasher:
+    """Hashes a sequence's full blocks as vLLM's request block hasher does (§1.2)."""
+
+    def __init__(self, block_size: int, algo: str = "fast", lora_paths: dict[str, str] | None = None):
+        self.block_size = block_size
+        self.algo = check_algo(algo)
+        self.lora_paths = lora_paths or {}
+        self._root = FAST_ROOT if algo == "fast" else none_hash(algo)
+
+    def lora_key(self, lora: str | None) -> tuple[str, str] | None:
+        """vLLM 0.33 hashes the adapter's name and path; a log has only the name (§1.3)."""
+        return None if lora is None else (lora, self.lora_paths.get(lora, lora))
+
+    def fast_namespace_keys(self, lora: str | None, cache_salt: str | None) -> tuple[int, int]:
+        """The fast hash's namespace keys: (LoRA, on every block; salt, on block 0) (§1.3)."""
+        lora_key = self.lora_key(lora)
+        every = 0 if lora_key is None else namespace_key("lora", *lora_key)
+        return every, namespace_key("cache_salt", cache_salt) if cache_salt else 0
+
+    def extend(self, seq) -> None:
+        """Append the hashes of blocks that became full since the last call."""
+        b, start = self.block_size, len(seq.block_hashes)
+        n = len(seq.tokens) // b - start
+        if n <= 0:
+            return
+        if self.algo == "fast":
+            every, first = self.fast_namespace_keys(seq.lora, seq.cache_salt)
+            parent = seq.block_hashes[-1] if start else self._root
+            out = np.zeros(n, np.uint64)
+            tokens = np.asarray(seq.tokens[: (start + n) * b], dtype=np.int64)
+            fast_hash_sequence(tokens, start, n, b, np.uint64(parent), np.uint64(every), np.uint64(first), out)
+            seq.block_hashes.extend(int(h) for h in out)
+        else:
+            seq.block_hashes.extend(exact_block_hashes(
+                seq.tokens[: (start + n) * b], b, self.algo, self.lora_key(seq.lora), seq.cache_salt,
+                seq.mm_items, start_block=start, parent=seq.block_hashes[-1] if start else None))
+
+
 def __getattr__(name: str):
     """The compiled kernels, imported (with numba) on first use."""
     if name in _KERNELS:

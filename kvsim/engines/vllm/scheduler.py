@@ -23,12 +23,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.engines.vllm import rules
+from kvsim.engines.vllm.manager import KVCacheManager
 from kvsim.errors import ConfigError
 from kvsim.drive.clock import run_steps
 from kvsim.drive.results import StepResult
-from kvsim.engines.vllm.door import IMPLEMENTATIONS, make_kv_cache
 
 WAITING, RUNNING, PREEMPTED, FINISHED = range(4)
+IMPLEMENTATIONS = ("fast", "reference")
 BATCH_QUEUE_SIZE = 2          # VllmConfig.max_concurrent_batches with async scheduling (§4.2)
 POLICIES = ("fcfs", "priority")
 
@@ -73,6 +74,18 @@ class VllmSchedSettings:
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ConfigError(f"without chunked prefill --max-num-batched-tokens ({self.max_num_batched_tokens}) "
                               f"must be at least the max model length ({self.max_model_len})")
+
+
+def kv_cache_manager(implementation: str, num_gpu_blocks: int, block_size: int, watermark: float = 0.0,
+                     hash_algo: str = "fast", max_model_len: int = 1 << 62, enable_caching: bool = True):
+    """The scheduler's KV-cache manager: ``fast`` (compiled, the default) or ``reference``
+    (readable objects); the two give the same results (``tests/test_sched_vllm_fast.py``)."""
+    if implementation == "fast":
+        from kvsim.engines.vllm.manager_jit import JitKVCacheManager   # loads numba: only when used
+
+        return JitKVCacheManager(num_gpu_blocks, block_size, enable_caching, max_model_len, watermark, hash_algo)
+    return KVCacheManager(num_gpu_blocks, block_size, enable_caching, log_stats=False, max_model_len=max_model_len,
+                          watermark=watermark, hash_algo=hash_algo)
 
 
 class VllmRequest:
@@ -161,8 +174,8 @@ class VllmScheduler:
     def __init__(self, settings: VllmSchedSettings) -> None:
         s = self.settings = settings
         self.max_model_len = s.max_model_len or (1 << 62)
-        self.cache = make_kv_cache(s.implementation, s.num_gpu_blocks, s.block_size, s.watermark, s.hash_algo,
-                                   self.max_model_len, s.enable_prefix_caching)
+        self.cache = kv_cache_manager(s.implementation, s.num_gpu_blocks, s.block_size, s.watermark, s.hash_algo,
+                                      self.max_model_len, s.enable_prefix_caching)
         self.waiting = WaitingQueue(s.policy == "priority")
         self.running: list[VllmRequest] = []
         self.finished_since_schedule = False      # finished_req_ids not yet sent to the workers
