@@ -226,9 +226,8 @@ def vllm_blocks_for_memory(memory_bytes: int, kv_bytes_per_token: int, block_siz
 
 def sglang_tokens_for_memory(memory_bytes: int, kv_bytes_per_token: int, page_size: int) -> int:
     """SGLang's max_total_num_tokens for this much KV memory (whole tokens, page-aligned)."""
-    from kvsim.engines.sglang.rules import floor_page
-
-    return floor_page(int(memory_bytes) // int(kv_bytes_per_token), int(page_size))
+    tokens = int(memory_bytes) // int(kv_bytes_per_token)
+    return tokens - tokens % int(page_size)
 
 
 def apc_num_gpu_blocks(options) -> int | None:
@@ -278,9 +277,7 @@ def radix_max_total_tokens(options) -> int | None:
         tokens = mem // model.kv_bytes_per_token()
     else:
         return None
-    from kvsim.engines.sglang.rules import floor_page
-
-    tokens = floor_page(tokens, p)
+    tokens -= tokens % p        # whole pages
     if tokens <= 0:
         raise ConfigError(f"capacity rounds down to 0 tokens at page size {p}")
     return tokens

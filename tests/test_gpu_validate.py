@@ -11,7 +11,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (ker
 torch = pytest.importorskip("torch", reason="gpu extra not installed (pip install 'kvsim[gpu]')")
 
 from kvsim.engines.base import Admission
-from kvsim.engines.registry import policy_names
+from kvsim.engines.registry import names as policy_names
 from kvsim.gpu import cache_models
 from kvsim.gpu.calibration import Calibration
 from kvsim.gpu.validate import ValidateOptions, run_validation
@@ -70,10 +70,10 @@ def test_apc_with_evictions_and_block_sizes(block_size):
 
 def _broken_apc(corrupt):
     """The real APC model whose admissions pass through ``corrupt(admission) -> admission``."""
-    real = cache_models.BUILDERS["apc"]
+    real = cache_models.build_cache_model
 
-    def build(trace, options):
-        cm = real(trace, options)
+    def build(policy, trace, options):
+        cm = real(policy, trace, options)
         admit = cm.cache.admit
 
         def bad_admit(req):
@@ -94,7 +94,7 @@ def test_a_wrong_page_in_the_block_table_is_caught(monkeypatch):
         table[1] = table[-1]          # a new page of this request (not yet written) instead of a cached one
         return adm._replace(block_table=table)
 
-    monkeypatch.setitem(cache_models.BUILDERS, "apc", _broken_apc(swap))
+    monkeypatch.setattr(cache_models, "build_cache_model", _broken_apc(swap))
     result = validate(chat_trace())
     bad = [c for c in result.checks if not c.ok]
     assert bad and not result.ok
@@ -109,7 +109,7 @@ def test_overclaimed_cached_tokens_are_caught(monkeypatch):
             return adm._replace(cached_tokens=adm.cached_tokens + 16)
         return adm
 
-    monkeypatch.setitem(cache_models.BUILDERS, "apc", _broken_apc(overclaim))
+    monkeypatch.setattr(cache_models, "build_cache_model", _broken_apc(overclaim))
     result = validate(chat_trace())
     over = [c for c in result.checks if c.cached_tokens != c.predicted_cached]
     assert over and not result.ok

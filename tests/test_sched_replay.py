@@ -20,8 +20,9 @@ from kvsim.errors import ConfigError
 from kvsim.io.trace.columns import Trace
 from kvsim.drive.sequential import replay
 from kvsim.engines.options import SimOptions
-from kvsim.engines.sglang.scheduler import SglangSchedSettings, replay_sglang_steps
-from kvsim.engines.vllm.scheduler import VllmSchedSettings, replay_vllm_steps
+from kvsim.engines.sglang.scheduler import SglangSchedSettings
+from kvsim.engines.vllm.scheduler import VllmSchedSettings
+from tests.steps import replay_sglang_steps, replay_vllm_steps
 
 FAR = 100_000   # steps between arrivals: every request finishes long before the next arrives
 

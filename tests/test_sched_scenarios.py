@@ -21,8 +21,9 @@ from kvsim.engines.sglang.adder import CONTINUE, NO_TOKEN, OTHER, PrefillAdder
 from kvsim.engines.sglang.request import make_cache
 from kvsim.engines.sglang.settings import RadixSettings
 from kvsim.engines.sglang.policy import SchedulePolicy
-from kvsim.engines.sglang.scheduler import SglangEngine, SglangRequest, SglangSchedSettings, replay_sglang_steps
-from kvsim.engines.vllm.scheduler import VllmRequest, VllmSchedSettings, VllmScheduler, replay_vllm_steps
+from kvsim.engines.sglang.scheduler import SglangEngine, SglangRequest, SglangSchedSettings
+from kvsim.engines.vllm.scheduler import VllmRequest, VllmSchedSettings, VllmScheduler
+from tests.steps import replay_sglang_steps, replay_vllm_steps
 
 
 # -- vLLM X1-X6 ----------------------------------------------------------------------------
@@ -68,7 +69,7 @@ def test_x5_resumed_request_relooks_up_its_surviving_block():
               for i, (p, o) in enumerate(zip(prompts, outputs)))
     sched.add_request(r0)
     sched.add_request(r1)
-    from kvsim.drive.results import StepResult
+    from kvsim.engines.base import StepResult
     result = StepResult.empty("vllm", 2)
     plans = []
     for step in range(5):

@@ -28,7 +28,8 @@ import sched_client
 from sched_scenarios import LPM_HITS, lpm_workload, sglang_15_16, sglang_job
 from sched_workloads import SchedMix, random_workload, with_stop_token
 
-from kvsim.engines.sglang.scheduler import SglangSchedSettings, replay_sglang_steps
+from kvsim.engines.sglang.scheduler import SglangSchedSettings
+from tests.steps import replay_sglang_steps, replay_vllm_steps
 
 pytestmark = pytest.mark.oracle
 

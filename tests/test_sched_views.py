@@ -6,7 +6,8 @@ import pytest
 
 from kvsim.io.trace.columns import Trace
 from kvsim.engines.options import SimOptions
-from kvsim.drive.sched_settings import sglang_settings, vllm_budget_defaults, vllm_settings
+from kvsim.engines.sglang.scheduler import sglang_settings
+from kvsim.engines.vllm.scheduler import vllm_budget_defaults, vllm_settings
 from kvsim.drive.step_cost import step_cost
 from kvsim.drive.views import concurrent_view
 

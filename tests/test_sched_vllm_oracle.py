@@ -27,7 +27,8 @@ import sched_client
 from sched_scenarios import MODES, VLLM_EXPECTED, vllm_job, vllm_scenarios
 from sched_workloads import SchedMix, random_workload
 
-from kvsim.engines.vllm.scheduler import VllmSchedSettings, replay_vllm_steps
+from kvsim.engines.vllm.scheduler import VllmSchedSettings
+from tests.steps import replay_sglang_steps, replay_vllm_steps
 
 pytestmark = pytest.mark.oracle
 

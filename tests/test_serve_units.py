@@ -17,7 +17,11 @@ from vllm_workloads import Mix, random_trace  # noqa: E402
 
 from kvsim.engines.options import SimOptions  # noqa: E402
 from kvsim.drive.requests import iter_requests  # noqa: E402
-from kvsim.serve.engine import build_engine  # noqa: E402
+from kvsim.engines import registry  # noqa: E402
+
+
+def build_engine(policy, options, implementation):
+    return registry.engine(policy).serve_adapter(options, implementation)
 
 
 def _serve_all(engine, trace) -> list[int]:

@@ -217,11 +217,11 @@ def _progress(enabled: bool) -> Iterator[Callable[[str, int], Callable[[int], No
     if not enabled:
         yield lambda label, total: None
         return
-    from kvsim.render.progress import Bars
+    from kvsim.progress import bars
 
-    with Bars("percent") as bars:
+    with bars("percent") as shown:
         def task(label: str, total: int) -> Callable[[int], None]:
-            update, done = bars.task(f"analyze: {label}", total), [0]
+            update, done = shown.task(f"analyze: {label}", total), [0]
 
             def advance(n: int) -> None:
                 done[0] += n

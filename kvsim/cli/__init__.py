@@ -8,8 +8,12 @@ import sys
 import typer
 from rich.markup import escape
 
+from kvsim import progress
 from kvsim.cli.app import app, err_console
 from kvsim.errors import KvsimError
+from kvsim.render.progress import Bars
+
+progress.install(Bars)   # the library reports progress; the commands draw it
 
 # Command modules register themselves on `app` when imported. A module that is not
 # present yet (a feature not built) is simply absent from --help.

@@ -94,8 +94,9 @@ def gpu_validate(
     logs = log or [DEFAULT_TRACE]
     if not log and not DEFAULT_TRACE.exists():
         raise KvsimError(f"no log given and the bundled trace {DEFAULT_TRACE} is missing; pass a LOG path")
-    if policy not in ("apc", "radix"):
-        raise ConfigError(f"--policy must be apc or radix, got {policy!r}")
+    from kvsim.engines import registry
+
+    registry.engine(policy)   # an unknown policy is a clear error
     sim = SimOptions(capacity_tokens=parse_capacity_tokens(capacity), block_size=block_size,
                      page_size=page_size)
     if out.exists() and not out.is_dir():

@@ -2,7 +2,7 @@
 
 Scheduler options keep the engines' own names (vLLM's ``--max-num-seqs``, SGLang's
 ``--schedule-policy``, ...); unset ones take the engine's default for the GPU
-(``kvsim.drive.sched_settings``), and the summary says which.
+(each engine's ``scheduler_settings``), and the summary says which.
 """
 from __future__ import annotations
 

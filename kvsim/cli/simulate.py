@@ -177,11 +177,7 @@ def simulate(
 
 def _check_settings(names: list[str], options) -> None:
     """Resolve each policy's settings once, so bad values fail before the log is read."""
-    if "apc" in names:
-        from kvsim.engines.vllm.settings import APCSettings
+    from kvsim.engines import registry
 
-        APCSettings.from_options(options)
-    if "radix" in names:
-        from kvsim.engines.sglang.settings import RadixSettings
-
-        RadixSettings.from_options(options)
+    for name in names:
+        registry.engine(name).settings(options)

@@ -18,13 +18,13 @@ from kvsim.io.trace.columns import Trace
 from kvsim.engines.options import SimOptions
 from kvsim.drive.requests import output_token_arrays
 from kvsim.drive.clock import Releases
-from kvsim.drive.results import StepResult
+from kvsim.engines.base import StepResult
 from kvsim.drive.timed import PERCENTILES, TimedResult, make_engine, without_prefix_caching
+from kvsim.engines import registry
 
 MODES = ("sequential", "steps", "timed")
 ARRIVALS = ("logged", "closed-loop")
 ARRIVAL_FROM = ("step", "timestamp")
-ENGINES = {"apc": "vllm", "radix": "sglang"}
 
 
 @dataclass
@@ -64,6 +64,10 @@ class ReplayMode:
                 raise ConfigError("--speedup scales logged timestamps; with --arrival-from step there are none")
         elif self.arrival_from == "step" and self.step_seconds is None:
             raise ConfigError("--replay timed --arrival-from step needs --step-seconds S (seconds per logged step)")
+
+    def overrides(self, family: str) -> dict[str, Any]:
+        """The scheduler options given for the engines of ``family`` (vllm | sglang)."""
+        return dict(getattr(self, family, None) or {})
 
     def describe_arrivals(self) -> str:
         if self.arrival_from == "step":
@@ -132,41 +136,14 @@ def scheduler_settings(policy: str, options: SimOptions, mode: ReplayMode, trace
 
     Without a capacity, the "unlimited" pool is sized to hold every request of ``trace`` at once.
     """
-    from kvsim.drive.sched_settings import sglang_settings, vllm_settings
-
-    need = None
-    if trace is not None and len(trace):
-        need = trace.prompt_lengths + np.maximum(trace.output_lengths, 1)
-    if policy == "apc":
-        B = int(options.block_size)
-        blocks = None if need is None else int((-(-need // B)).sum()) + 2
-        return vllm_settings(options, unlimited_blocks=blocks, **mode.vllm)
-    extra = options.extra
-    knobs = {"finish": extra.get("finish", "length"), "overlap": extra.get("overlap", True)}
-    if "chunked_prefill_size" in extra:
-        knobs["chunked_prefill_size"] = int(extra["chunked_prefill_size"])
-    knobs.update(mode.sglang)
-    p = int(options.page_size)
-    tokens = None if need is None else int(-(-int((need + 2 * p + 2).sum()) // p) * p)
-    settings, note = sglang_settings(options, unlimited_tokens=tokens, **knobs)
-    if "max_running_requests" not in mode.sglang:
-        note += f"; max_running_requests {settings.max_running_requests} from the pool size"
-    return settings, note
+    spec = registry.engine(policy)
+    return spec.scheduler_settings(options, mode.overrides(spec.family), trace)
 
 
 def check_supported(policies: list[str], options: SimOptions) -> None:
     """Settings only the sequential replay models: a clear error rather than a silent ignore."""
     for policy in policies:
-        if policy not in ENGINES:
-            raise ConfigError(f"--replay steps|timed runs the apc and radix schedulers, not {policy!r}")
-    if "apc" in policies and options.engine_version not in (None, "0.33"):
-        raise ConfigError("--replay steps|timed models vLLM 0.33.0's scheduler; --engine-version applies "
-                          "to --replay sequential only")
-    extra = options.extra
-    if "radix" in policies and extra.get("radix_tree", "unified") != "unified":
-        raise ConfigError("--replay steps|timed models SGLang 0.5.23's default tree (--radix-tree unified)")
-    if "radix" in policies and extra.get("eviction_amount", "shortfall") != "shortfall":
-        raise ConfigError("--eviction-amount applies to --replay sequential only")
+        registry.engine(policy).check_concurrent(options)
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -211,7 +188,7 @@ def run_concurrent(trace: Trace, policies: list[str], options: SimOptions, mode:
             return engine.result, line
 
         result, line = replay(settings, f"replaying {mode.mode}")
-        r = ConcurrentRun(policy, ENGINES[policy], mode.mode, settings, note, result, line.released)
+        r = ConcurrentRun(policy, registry.engine(policy).family, mode.mode, settings, note, result, line.released)
         if cost is not None:
             from kvsim.drive.timed import timed_result
 

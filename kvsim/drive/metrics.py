@@ -61,8 +61,9 @@ def summarize(result: ReplayResult, trace: Trace, calibration: Any = None) -> di
         "peak_used_tokens": int(result.peak_used_tokens),
         "replay_seconds": round(float(result.elapsed_s), 4),
     }
-    if result.policy == "apc":  # the rate vLLM's own log/metrics would show
-        out["vllm_logged_hit_rate"] = hits / queries if queries else 0.0
+    from kvsim.engines import registry
+
+    out.update(registry.engine(result.policy).sequential_figures(result, hits, queries))
     for key in ("sglang_logged_hit_rate",):
         if key in result.extra and result.measured is None:  # a whole-run figure: none with a warm-up
             out[key] = result.extra[key]

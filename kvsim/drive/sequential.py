@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from kvsim.engines.base import Progress, SequentialCache
-from kvsim.engines.registry import get_design
+from kvsim.engines import registry
 from kvsim.io.trace.columns import Trace
 from kvsim.engines.options import SimOptions
 from kvsim.drive.requests import workload
@@ -47,16 +47,16 @@ def replay_detailed(policy: str, trace: Trace, options: SimOptions | None = None
                     reported_as: str | None = None) -> tuple[ReplayResult, SequentialCache]:
     """:func:`replay`, plus the engine in its final state (APC: ``final_state()``; radix: ``tree``).
     ``reported_as`` names the implementation in the result (default: ``implementation``)."""
-    design = get_design(policy)
-    engine_class = design.implementation(implementation)
-    settings = design.settings_type().from_options(options or SimOptions())
+    spec = registry.engine(policy)
+    engine_class = spec.implementation(implementation)
+    settings = spec.settings(options or SimOptions())
     trace.require_tokens(f"the {policy} simulation")
     work = workload(trace)
     cache = engine_class.for_workload(settings, work)
     t0 = time.perf_counter()
     cols = cache.replay(work, progress)
     elapsed = time.perf_counter() - t0
-    config, extra, read_cache = design.reporter()(settings, reported_as or implementation, cache, work, cols)
+    config, extra, read_cache = spec.replay_report()(settings, reported_as or implementation, cache, work, cols)
     result = ReplayResult(
         policy=policy, config=config, cached_tokens=cols.cached_tokens, rejected=cols.rejected,
         read_cache=read_cache, evictions=cols.evictions, evicted_tokens=cols.evicted_tokens,

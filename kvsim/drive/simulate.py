@@ -18,10 +18,10 @@ def run_simulation(trace: Trace, policies: list[str], options: SimOptions,
     results: dict[str, ReplayResult] = {}
     bars = None
     if progress and len(trace) >= 2000:
-        from kvsim.render.progress import Bars
+        from kvsim.progress import bars as display
 
-        bars = Bars("count")
-    with bars or nullcontext():
+        bars = display("count")
+    with (bars or nullcontext()) as bars:
         for name in policies:
             if bars is None:
                 results[name] = replay(name, trace, options)

@@ -15,25 +15,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.drive.clock import Releases, Timeline, run
-from kvsim.drive.results import StepResult
-from kvsim.engines.sglang.scheduler import SglangEngine, SglangSchedSettings
-from kvsim.engines.vllm.scheduler import VllmEngine, VllmSchedSettings
+from kvsim.engines.base import StepResult
 
 PERCENTILES = (50, 90, 99)
 
 
 def make_engine(settings, prompts, outputs, priorities=None, loras=None, salts=None, prompt_logprobs=None,
                 logprob_starts=None):
-    """The engine model for ``settings`` (vLLM's or SGLang's); ``loras`` / ``salts`` are namespaces.
+    """The stepped engine of these scheduler settings (each engine's settings build its own);
+    ``loras`` / ``salts`` are namespaces.
 
     ``prompt_logprobs`` (vLLM: the request skips reading the cache) and ``logprob_starts``
     (SGLang: ``logprob_start_len`` caps the match, -1 none) are the logprob arguments per request.
     """
-    if isinstance(settings, VllmSchedSettings):
-        return VllmEngine(settings, prompts, outputs, priorities, loras, salts, prompt_logprobs)
-    if isinstance(settings, SglangSchedSettings):
-        return SglangEngine(settings, prompts, outputs, loras, salts, logprob_starts)
-    raise TypeError(f"not scheduler settings: {settings!r}")
+    return settings.engine(prompts, outputs, priorities=priorities, loras=loras, salts=salts,
+                           prompt_logprobs=prompt_logprobs, logprob_starts=logprob_starts)
 
 
 def without_prefix_caching(settings):

@@ -23,12 +23,12 @@ import numpy as np
 from kvsim.errors import ConfigError
 from kvsim.io.trace.columns import Trace
 from kvsim.drive.concurrent import ReplayMode, engine_inputs, releases_for, scheduler_settings
+from kvsim.engines import registry
 from kvsim.engines.options import SimOptions
 from kvsim.drive.clock import run
 from kvsim.drive.timed import PERCENTILES, make_engine, timed_result, without_prefix_caching
 
 DEFAULT_STEP_SECONDS = 0.05
-RADIX_ORDERS = ("fcfs", "lpm")
 PROGRESS_FROM = 1000            # requests: below this, a replay takes about a second, no bar
 
 
@@ -40,8 +40,8 @@ class ConcurrentView:
     concurrent_hit_rate: float
     ttft_cached: np.ndarray | None = None       # seconds, per served (measured) request, timed mode
     ttft_uncached: np.ndarray | None = None
-    policy_hit_rates: dict[str, float] = field(default_factory=dict)   # radix: fcfs / lpm
-    schedule_policy: str | None = None          # radix: the queue order of the concurrent run
+    policy_hit_rates: dict[str, float] = field(default_factory=dict)   # per queue order compared (radix: fcfs / lpm)
+    schedule_policy: str | None = None          # the queue order of the concurrent run (engines that compare them)
     preemptions: int = 0                        # vLLM preemptions / SGLang retractions, concurrent run
     served: int = 0
     rejected: int = 0
@@ -119,16 +119,17 @@ def concurrent_view(trace: Trace, options: SimOptions, policy: str, cost=None,
     runs = [("concurrent", settings)]
     if timed:
         runs.append(("without prefix caching", without_prefix_caching(settings)))
-    if policy == "radix":
+    orders = registry.engine(policy).orders     # queue orders the view compares (SGLang: fcfs, lpm)
+    if orders:
         runs += [(f"schedule policy {o}", dataclasses.replace(settings, schedule_policy=o))
-                 for o in RADIX_ORDERS if o != settings.schedule_policy]
+                 for o in orders if o != settings.schedule_policy]
     bars = None
     if progress and len(trace) >= PROGRESS_FROM:
-        from kvsim.render.progress import Bars
+        from kvsim.progress import bars as display
 
-        bars = Bars("count")
+        bars = display("count")
     results = {}
-    with bars or nullcontext():
+    with (bars or nullcontext()) as bars:
         for label, s in runs:
             update = bars.task(f"{policy}, {mode.mode} replay: {label}", len(trace)) if bars else None
             results[label] = work.run(s, update)
@@ -141,9 +142,9 @@ def concurrent_view(trace: Trace, options: SimOptions, policy: str, cost=None,
     if timed:
         view.ttft_cached = first.ttft[served]
         view.ttft_uncached = results["without prefix caching"].ttft[served]
-    if policy == "radix":
+    if orders:
         view.schedule_policy = settings.schedule_policy
-        for o in RADIX_ORDERS:
+        for o in orders:
             r = results["concurrent" if o == settings.schedule_policy else f"schedule policy {o}"]
             view.policy_hit_rates[o] = work.hit_rate(r.steps if timed else r)
     return view

@@ -1,87 +1,103 @@
-"""The cache designs kvsim models, by name: ``apc`` (vLLM Automatic Prefix Caching) and
-``radix`` (SGLang RadixAttention).
+"""The one place that knows which engines exist.
 
-Each entry says where the design's parts live: its settings type, its two
-implementations (``reference``: the readable model; ``fast``: the engine replays use,
-tested equal to the reference) and the function that reports a replay's figures. A new
-design is one package under ``kvsim/cache/`` and one entry here. Everything is loaded
-lazily (the fast engines compile on first use); nothing here imports from above
-``kvsim.cache``.
+The built-in engines are vLLM's APC (``apc``) and SGLang's RadixAttention (``radix``). More
+come from plugins: an installed package that declares an entry point in the group
+``kvsim.engines`` (``name = "module:SpecClass"``), or ``--engine-plugin module:SpecClass``
+(:func:`load_plugin`; ``KVSIM_ENGINE_PLUGINS`` holds the same, comma-separated, for the
+processes a command starts). A plugin is an :class:`~kvsim.engines.spec.EngineSpec`
+subclass; ``examples/engines/lfu.py`` is one.
 """
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass
-from typing import Any, Callable
+import os
+from difflib import get_close_matches
 
+from kvsim.engines.spec import IMPLEMENTATIONS, EngineSpec, load
 from kvsim.errors import ConfigError
 
-#: the two implementations of every design
-IMPLEMENTATIONS = ("fast", "reference")
+__all__ = ["IMPLEMENTATIONS", "engine", "engines", "load_plugin", "names", "resolve_policies", "extra_keys"]
+
+BUILTIN = {"apc": "kvsim.engines.vllm.spec:APC", "radix": "kvsim.engines.sglang.spec:RADIX"}
+PLUGINS_ENV = "KVSIM_ENGINE_PLUGINS"
+_specs: dict[str, EngineSpec] = {}
+_loaded = False
 
 
-@dataclass(frozen=True)
-class Design:
-    """Where one cache design's parts live (``module:name`` strings, loaded on use)."""
-
-    name: str
-    label: str           # how reports name it
-    settings: str        # typed settings with ``from_options(SimOptions)``
-    reference: str       # the readable model (a ``SequentialCache``; stepwise ``PrefixCache``)
-    fast: str            # the fast engine (a ``SequentialCache``)
-    report: str          # replay_report(settings, implementation, cache, work, columns)
-    extra_keys: str      # the ``SimOptions.extra`` keys its settings read
-
-    def load(self, part: str) -> Any:
-        module, attr = getattr(self, part).split(":")
-        return getattr(importlib.import_module(module), attr)
-
-    def settings_type(self) -> type:
-        return self.load("settings")
-
-    def implementation(self, implementation: str) -> type:
-        """The engine class of ``implementation`` ("fast" or "reference")."""
-        if implementation not in IMPLEMENTATIONS:
-            raise ConfigError(f"unknown implementation {implementation!r} of the {self.name} engine; "
-                              f"choose one of {', '.join(IMPLEMENTATIONS)}")
-        return self.load(implementation)
-
-    def reporter(self) -> Callable:
-        return self.load("report")
+def _register(spec: EngineSpec, where: str) -> None:
+    if not isinstance(spec, EngineSpec) or not spec.name:
+        raise ConfigError(f"engine plugin {where}: not an EngineSpec with a name")
+    if spec.name in _specs and type(_specs[spec.name]) is not type(spec):
+        raise ConfigError(f"engine plugin {where}: the name {spec.name!r} is taken")
+    _specs[spec.name] = spec
 
 
-DESIGNS: dict[str, Design] = {
-    "apc": Design("apc", "vLLM APC", "kvsim.engines.vllm.settings:APCSettings",
-                  "kvsim.engines.vllm.sequential:APCReference", "kvsim.engines.vllm.sequential:APCFast",
-                  "kvsim.engines.vllm.metrics:replay_report", "kvsim.engines.vllm.settings:EXTRA_KEYS"),
-    "radix": Design("radix", "SGLang radix", "kvsim.engines.sglang.settings:RadixSettings",
-                    "kvsim.engines.sglang.sequential:RadixReference", "kvsim.engines.sglang.sequential:RadixFast",
-                    "kvsim.engines.sglang.stats:replay_report", "kvsim.engines.sglang.settings:EXTRA_KEYS"),
-}
+def load_plugin(path: str) -> EngineSpec:
+    """Register the engine ``module:SpecClass`` (or ``module:instance``); returns its spec."""
+    if ":" not in path:
+        raise ConfigError(f"--engine-plugin takes module:Class, got {path!r}")
+    try:
+        obj = load(path)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"--engine-plugin {path}: {e}") from None
+    spec = obj() if isinstance(obj, type) else obj
+    _ensure()
+    _register(spec, path)
+    plugins = [p for p in os.environ.get(PLUGINS_ENV, "").split(",") if p]
+    if path not in plugins:
+        os.environ[PLUGINS_ENV] = ",".join([*plugins, path])
+    return spec
 
 
-def policy_names() -> list[str]:
-    """The cache designs (``--policy`` values), in order."""
-    return list(DESIGNS)
+def _ensure() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for name, path in BUILTIN.items():
+        _specs[name] = load(path)
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="kvsim.engines"):
+        try:
+            obj = ep.load()
+        except Exception as e:  # a broken plugin must not break kvsim
+            raise ConfigError(f"engine plugin {ep.name} ({ep.value}): {e}") from None
+        _register(obj() if isinstance(obj, type) else obj, ep.value)
+    for path in filter(None, os.environ.get(PLUGINS_ENV, "").split(",")):
+        load_plugin(path)
 
 
-def get_design(name: str) -> Design:
-    """The design called ``name``, or a clear error."""
-    if name not in DESIGNS:
-        raise ConfigError(f"unknown policy {name!r}; choose from {', '.join(DESIGNS)} or 'all'")
-    return DESIGNS[name]
+def engines() -> list[EngineSpec]:
+    """Every engine, built-ins first."""
+    _ensure()
+    return list(_specs.values())
+
+
+def names() -> list[str]:
+    """The ``--policy`` values, in order."""
+    return [s.name for s in engines()]
+
+
+def engine(name: str) -> EngineSpec:
+    """The engine called ``name``, or a clear error."""
+    _ensure()
+    if name not in _specs:
+        near = get_close_matches(str(name), list(_specs), n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigError(f"unknown policy {name!r}{hint}; choose from {', '.join(_specs)} or 'all'")
+    return _specs[name]
 
 
 def resolve_policies(spec: str) -> list[str]:
-    """'apc', 'radix', 'apc,radix' or 'all' -> list of policy names."""
+    """'apc', 'radix', 'apc,radix' or 'all' -> list of engine names."""
     if spec.strip() == "all":
-        return policy_names()
-    names = [s.strip() for s in spec.split(",") if s.strip()]
-    for n in names:
-        get_design(n)
-    return names
+        return names()
+    found = [s.strip() for s in spec.split(",") if s.strip()]
+    for n in found:
+        engine(n)
+    return found
 
 
 def extra_keys() -> tuple[str, ...]:
-    """The ``SimOptions.extra`` keys some design reads."""
-    return tuple(k for d in DESIGNS.values() for k in d.load("extra_keys"))
+    """The ``SimOptions.extra`` keys some engine reads."""
+    return tuple(dict.fromkeys(k for s in engines() for k in s.extra_keys))

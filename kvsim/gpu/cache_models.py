@@ -30,68 +30,26 @@ class CacheModel:
     running_pages: Callable[[Request, int], np.ndarray | None]  # page ids of a running request's first n tokens
 
 
-def build_apc(trace: Trace, options: SimOptions) -> CacheModel:
-    """vLLM APC (:class:`kvsim.engines.vllm.sequential.APCReference`), as a replay's reference model is built."""
-    from dataclasses import replace
+def build_cache_model(policy: str, trace: Trace, options: SimOptions) -> CacheModel:
+    """The reference model of ``policy``, sized for ``trace``, as a replay builds it.
 
-    from kvsim.engines.vllm import rules
-    from kvsim.engines.vllm.sequential import APCReference
-    from kvsim.engines.vllm.settings import APCSettings
+    The model says (``for_validation``) how many pages the pool must hold, whether a running
+    request's table lists one slot per token (SGLang's ``req_to_token`` row, ``token_slots``)
+    or one id per page, and how many decode steps follow an admission; admission tables are
+    page ids; slot 0 / block 0 is never handed out.
+    """
+    from kvsim.engines import registry
 
-    st = APCSettings.from_options(options)
-    b = st.block_size
-    slice_blocks = rules.unlimited_num_blocks(trace.prompt_lengths, np.maximum(trace.output_lengths, 1), b)
-    num_blocks = slice_blocks if st.num_gpu_blocks is None else st.num_gpu_blocks
-    cache = APCReference(replace(st, num_gpu_blocks=num_blocks))
+    spec = registry.engine(policy)
+    model = spec.implementation("reference")
+    if not hasattr(model, "for_validation"):
+        raise ConfigError(f"gpu-validate cannot drive the {policy!r} engine (its reference model has no "
+                          "for_validation)")
+    cache, num_pages = model.for_validation(spec.settings(options), trace)
+    p = cache.page_size
 
     def running_pages(req: Request, n: int) -> np.ndarray | None:
         table = cache.block_table(req)
-        return None if table is None else pages_from_block_table(table, b, n)
+        return None if table is None else pages_from_block_table(table, p, n, token_slots=cache.token_slots)
 
-    # Block ids leave vLLM's free queue lowest first (it starts as 1..N-1 and freed blocks
-    # go behind or in front of the untouched ones), so a slice never touches an id above
-    # the blocks it takes in all: the pool can stop there even when the capacity is larger.
-    return CacheModel(cache, b, min(num_blocks, slice_blocks), False,
-                      lambda req: len(req.output) - 1, running_pages)
-
-
-def build_radix(trace: Trace, options: SimOptions) -> CacheModel:
-    """SGLang RadixAttention (:class:`kvsim.engines.sglang.sequential.RadixReference`), as a
-    replay's reference model is built.
-
-    Admission tables hold one slot per token at page size 1 and page ids above it; a
-    running request's ``row`` (SGLang's ``req_to_token``) holds one slot per token.
-    Slot 0 / page 0 is SGLang's padding and never handed out.
-    """
-    from kvsim.engines.sglang.sequential import RadixReference
-    from kvsim.engines.sglang.rules import ceil_page
-    from kvsim.engines.sglang.settings import RadixSettings
-
-    st = RadixSettings.from_options(options)
-    if st.finish != "length":
-        raise ConfigError("gpu-validate follows requests that finish by length only (finish='length')")
-    p = st.page_size
-    cache = RadixReference(st)
-    # unlimited: slots are never reused; a request allocates at most L + M + 1 slots plus a page
-    L = trace.prompt_lengths
-    slice_pages = int(np.sum(ceil_page(L + np.maximum(trace.output_lengths, 1) + 1, p) // p + 1)) + 2
-    num_pages = slice_pages if st.capacity is None else st.capacity // p + 1
-
-    def running_pages(req: Request, n: int) -> np.ndarray | None:
-        table = cache.block_table(req)    # one slot per token (req_to_token)
-        return None if table is None else pages_from_block_table(table, p, n, token_slots=True)
-
-    def num_decodes(req: Request) -> int:
-        state = cache.active.get(req.request_id)
-        return 0 if state is None else state.k - 1   # generation clipped to the pool (max_new)
-
-    return CacheModel(cache, p, num_pages, False, num_decodes, running_pages)
-
-
-BUILDERS: dict[str, Callable[[Trace, SimOptions], CacheModel]] = {"apc": build_apc, "radix": build_radix}
-
-
-def build_cache_model(policy: str, trace: Trace, options: SimOptions) -> CacheModel:
-    if policy not in BUILDERS:
-        raise ConfigError(f"unknown --policy {policy!r}; choose apc or radix")
-    return BUILDERS[policy](trace, options)
+    return CacheModel(cache, p, num_pages, False, cache.decodes_after_admission, running_pages)

@@ -170,9 +170,9 @@ def _progress_bar(sources: list[Path], stack: ExitStack):
     total = sum(p.stat().st_size for p in sources)
     if total < PROGRESS_MIN_BYTES:
         return None
-    from kvsim.render.progress import Bars
+    from kvsim.progress import bars
 
-    return stack.enter_context(Bars("bytes", only_on_terminal=True)).task("reading", total)
+    return stack.enter_context(bars("bytes", only_on_terminal=True)).task("reading", total)
 
 
 def _advance(update, done: int):

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from kvsim.io.trace.columns import Trace
 from kvsim.drive.concurrent import ConcurrentRun, ReplayMode, concurrent_summary
+from kvsim.engines import registry
 
 #: (summary key, label, format)
 ROWS = [
@@ -44,7 +45,6 @@ SAVING_ROWS = [
     ("gpu_busy_s", "GPU busy (s)", "{:,.3f}"),
     ("prefill_tokens_computed", "prefill tokens computed", "{:,}"),
 ]
-LABELS = {"apc": "vLLM 0.33.0 scheduler + APC", "radix": "SGLang 0.5.23 scheduler + radix"}
 
 
 def render_concurrent(console: Console, trace: Trace, runs: dict[str, ConcurrentRun], mode: ReplayMode) -> None:
@@ -53,7 +53,7 @@ def render_concurrent(console: Console, trace: Trace, runs: dict[str, Concurrent
     table = Table(title=f"Concurrent replay ({mode.mode})", title_justify="left")
     table.add_column("")
     for name in runs:
-        table.add_column(LABELS.get(name, name), justify="right")
+        table.add_column(registry.engine(name).scheduler_label(), justify="right")
     rows = ROWS + (TIMED_ROWS if mode.mode == "timed" else [])
     for key, label, pattern in rows:
         table.add_row(label, *[_fmt(s.get(key), pattern) for s in summaries.values()])
@@ -86,14 +86,7 @@ def _render_saving(console: Console, summaries: dict[str, dict[str, Any]]) -> No
 
 
 def _settings_line(r: ConcurrentRun) -> str:
-    s = r.settings
-    if r.engine == "vllm":
-        return (f"num_gpu_blocks {s.num_gpu_blocks:,}, block {s.block_size}, max_num_seqs {s.max_num_seqs}, "
-                f"max_num_batched_tokens {s.max_num_batched_tokens}, long_prefill_token_threshold "
-                f"{s.long_prefill_token_threshold}, {s.policy}, {'async' if s.async_scheduling else 'sync'} scheduling")
-    return (f"max_total_tokens {s.capacity:,}, page {s.page_size}, {s.schedule_policy}, chunked_prefill_size "
-            f"{s.chunked_prefill_size}, max_prefill_tokens {s.max_prefill_tokens}, max_running_requests "
-            f"{s.max_running_requests}, overlap {'on' if s.overlap else 'off'}")
+    return r.settings.describe()
 
 
 def _fmt(value: Any, pattern: str) -> str:

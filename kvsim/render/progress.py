@@ -1,15 +1,14 @@
 """Progress bars on long work: one transient rich bar per task, on stderr.
 
-Library code never imports rich; it accepts ``progress(done, total)`` callbacks, and the
-commands make them here.
+Library code never imports rich; it reports through :mod:`kvsim.progress`, and the commands
+install :class:`Bars` there (``kvsim.cli``).
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-#: what the bar shows after it: done/total, a percentage, or bytes read
-UNITS = ("count", "percent", "bytes")
+from kvsim.progress import UNITS
 
 
 class Bars:

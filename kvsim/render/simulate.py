@@ -107,8 +107,6 @@ def _same_grouping(a, b) -> bool:
 
 
 def _policy_label(name: str, r: ReplayResult) -> str:
-    if name == "apc":
-        return f"vLLM APC (block {r.config.get('block_size', '?')})"
-    if name == "radix":
-        return f"SGLang radix (page {r.config.get('page_size', '?')}, {r.config.get('eviction_policy', 'lru')})"
-    return name
+    from kvsim.engines import registry
+
+    return registry.engine(name).describe(r.config)

@@ -7,7 +7,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from kvsim.sweep.curves import LRU_LIKE
 from kvsim.sweep.run import SweepResult
 
 
@@ -33,11 +32,9 @@ def _load_cell(name: str, value: Any) -> str:
 
 
 def _setting(row: dict[str, Any]) -> str:
-    if row["policy"] == "apc":
-        return f"apc b{row['block_size']}"
-    if row["policy"] == "radix":
-        return f"radix p{row['page_size']} {row['eviction_policy']}"
-    return str(row["policy"])
+    from kvsim.engines import registry
+
+    return registry.engine(row["policy"]).setting_label(row)
 
 
 def render_sweep(console: Console, result: SweepResult) -> None:
@@ -83,9 +80,11 @@ def render_sweep(console: Console, result: SweepResult) -> None:
         console.print(f"[bold]one-pass curve[/] {c.policy} ({what}): max |error| {c.max_abs_error:.4f}, "
                       f"mean {c.mean_abs_error:.4f} over {c.points} point(s), {c.seconds:.2f} s; "
                       f"[dim]{c.exactness}[/]")
-    skipped = [p for p in result.points if p.policy == "radix" and p.eviction_policy not in LRU_LIKE]
+    from kvsim.engines import registry
+
+    skipped = sorted({p.policy for p in result.points if not registry.engine(p.policy).curve_applies(p.label())})
     if skipped and has_curve:
-        console.print(f"[dim]No one-pass curve for radix eviction policies other than {', '.join(LRU_LIKE)}.[/]")
+        console.print(f"[dim]No one-pass curve for {' or '.join(registry.engine(p).curve_gap() for p in skipped)}.[/]")
     for o in result.optimal:
         what = ", ".join(f"{k} {v}" for k, v in o.settings.items() if k in ("block_size", "page_size"))
         console.print(f"[bold]optimal curve[/] {o.engine} ({what}): {o.seconds:.2f} s; [dim]{o.exactness}[/]")

@@ -42,8 +42,10 @@ class ServeConfig:
     replay_mode: Any = None               # --replay timed: a kvsim.drive.concurrent.ReplayMode
 
     def check(self) -> None:
-        if self.policy not in ("apc", "radix"):
-            raise ConfigError(f"--policy must be apc or radix for serve, got {self.policy!r}")
+        from kvsim.engines import registry
+
+        if self.policy not in registry.names():
+            raise ConfigError(f"--policy must be {' or '.join(registry.names())} for serve, got {self.policy!r}")
         if self.implementation not in ("fast", "reference"):
             raise ConfigError(f"--implementation must be fast or reference, got {self.implementation!r}")
         if self.finish not in FINISHES:

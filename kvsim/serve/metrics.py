@@ -14,7 +14,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for the app)
 
-from kvsim.serve.engine import EngineState, Served
+from kvsim.engines.serving import EngineState, Served
 
 #: the vLLM metrics kvsim serve exports (tests check each against vLLM's source)
 VLLM_NAMES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
@@ -44,11 +44,11 @@ def _buckets_1_2_5(limit: int) -> list[float]:
 class ServeMetrics:
     """The server's registry; ``observe`` after each request, ``render`` for ``/metrics``."""
 
-    def __init__(self, policy: str, model_name: str, max_model_len: int) -> None:
-        self.policy = policy
+    def __init__(self, family: str, model_name: str, max_model_len: int) -> None:
+        self.vllm = family == "vllm"     # vLLM's metric names, else SGLang's
         r = self.registry = CollectorRegistry(auto_describe=True)
         self._running = 0
-        if policy == "apc":
+        if self.vllm:
             self._init_vllm(r, model_name, max_model_len)
         else:
             self._init_sglang(r, model_name)
@@ -139,7 +139,7 @@ class ServeMetrics:
         self._set_running()
 
     def _set_running(self) -> None:
-        (self.v_running if self.policy == "apc" else self.s_running).set(self._running)
+        (self.v_running if self.vllm else self.s_running).set(self._running)
 
     def observe(self, served: Served, prompt_tokens: int, stream: bool, finish_reason: str,
                 state: EngineState, model_seconds: float) -> None:
@@ -147,7 +147,7 @@ class ServeMetrics:
         self.model_seconds.inc(model_seconds)
         if served.rejected:
             self.rejected.inc()
-        elif self.policy == "apc":
+        elif self.vllm:
             self.v_prompt.inc(prompt_tokens)
             self.v_cached.inc(served.cached_tokens)
             self.v_gen.inc(served.generated)
@@ -171,7 +171,7 @@ class ServeMetrics:
 
     def engine_state(self, state: EngineState) -> None:
         self.held.set(state.held_tokens)
-        if self.policy == "apc":
+        if self.vllm:
             self.v_queries.inc(state.prefix_queries - self._queries_seen)
             self.v_hits.inc(state.prefix_hits - self._hits_seen)
             self._queries_seen, self._hits_seen = state.prefix_queries, state.prefix_hits
@@ -189,7 +189,7 @@ class ServeMetrics:
     def engine_reset(self, state: EngineState) -> None:
         """After a reset the engine's own counters may start again from zero."""
         self.resets.inc()
-        if self.policy == "apc":
+        if self.vllm:
             self._queries_seen = min(self._queries_seen, state.prefix_queries)
             self._hits_seen = min(self._hits_seen, state.prefix_hits)
         self.engine_state(state)

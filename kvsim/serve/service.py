@@ -22,10 +22,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from kvsim.engines.sglang.rules import logprob_aborts
 from kvsim.io.fields import BadRecord, logprob_fields
 from kvsim.serve.config import ServeConfig
-from kvsim.serve.engine import Served, build_engine
+from kvsim.engines import registry
+from kvsim.engines.serving import Served
 from kvsim.serve.errors import ApiError
 from kvsim.serve.metrics import ServeMetrics
 from kvsim.serve.prompts import Prompter
@@ -70,10 +70,11 @@ class CacheService:
         options = config.options
         if config.lora_modules:
             options = replace(options, extra={**options.extra, "lora_paths": dict(config.lora_modules)})
-        if config.policy == "radix":
+        spec = registry.engine(config.policy)
+        if "finish" in spec.extra_keys:
             options = replace(options, extra={**options.extra, "finish": config.finish})
         self.options = options
-        self.engine = build_engine(config.policy, options, config.implementation)
+        self.engine = spec.serve_adapter(options, config.implementation)
         self.timed = None                      # --replay timed: the scheduler model in wall-clock time
         if config.replay_mode is not None:
             from kvsim.serve.timed import TimedEngine
@@ -82,7 +83,7 @@ class CacheService:
         self.max_model_len = config.resolve_max_model_len(self.engine.max_request_tokens())
         self.prompter = Prompter(config.tokenizer, config.chat_template)
         self.replies = ReplyMaker(self.prompter.tokenizer, self.prompter.eot_id, config.seed)
-        self.metrics = ServeMetrics(config.policy, config.served_model_name, self.max_model_len)
+        self.metrics = ServeMetrics(self.engine.family, config.served_model_name, self.max_model_len)
         self.recorder = Recorder(config.record) if config.record is not None else None
         self.applied = 0
         self.metrics.engine_state(self.engine.state())
@@ -168,7 +169,7 @@ class CacheService:
         key = np.asarray(prep.prompt_ids, np.int64).tobytes() + repr(prep.seed).encode()
         reply = self.replies.make(prep.max_tokens, hashlib.sha256(key).digest(), self.config.finish)
         served = self.apply(prep, reply.token_ids, reply_text=reply.text)
-        if served.rejected and logprob_aborts(len(prep.prompt_ids), prep.logprob_start_len):
+        if served.rejected and self.engine.refuses(len(prep.prompt_ids), prep.logprob_start_len):
             raise _logprob_abort(prep)
         return _answer(prep, reply, served, self.engine.capacity_tokens)
 
@@ -178,7 +179,7 @@ class CacheService:
         key = np.asarray(prep.prompt_ids, np.int64).tobytes() + repr(prep.seed).encode()
         reply = self.replies.make(prep.max_tokens, hashlib.sha256(key).digest(), self.config.finish)
         out = np.asarray(reply.token_ids if len(reply.token_ids) else [-1], np.int64)
-        if logprob_aborts(len(prep.prompt_ids), prep.logprob_start_len) and self.config.policy == "radix":
+        if self.engine.refuses(len(prep.prompt_ids), prep.logprob_start_len):
             raise _logprob_abort(prep)
         t = await self.timed.serve(np.asarray(prep.prompt_ids, np.int64), out, prep.lora, prep.cache_salt,
                                    prep.prompt_logprobs, prep.logprob_start_len)

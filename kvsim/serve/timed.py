@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.errors import ConfigError
-from kvsim.serve.engine import EngineState, Served
+from kvsim.engines.serving import EngineState, Served
 
 #: request slots the per-request result arrays grow by
 _GROW = 1024
@@ -41,7 +41,7 @@ class TimedEngine:
 
     def __init__(self, policy: str, options, mode, clock=None) -> None:
         from kvsim.drive.concurrent import check_supported, scheduler_settings
-        from kvsim.drive.results import StepResult
+        from kvsim.engines.base import StepResult
         from kvsim.drive.step_cost import step_cost
         from kvsim.drive.timed import make_engine
 

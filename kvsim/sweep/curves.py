@@ -28,13 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from kvsim.engines.sglang.spec import CURVE_EVICTION as LRU_LIKE  # radix eviction policies with a curve
 from kvsim.errors import ConfigError
 from kvsim.io.trace.columns import Trace
 from kvsim.sweep.stack import NEVER, stack_pass
 
-CURVE_POLICIES = ("apc", "radix", "block-lru")
-#: radix eviction policies with a one-pass curve
-LRU_LIKE = ("lru",)
 #: tokens per unit of the radix model at page size 1
 RADIX_GRANULE = 16
 
@@ -205,8 +203,9 @@ def _sequence_inputs(work, unit: int, read: np.ndarray) -> dict[str, Any]:
 
 
 def apc_curve(trace: Trace, block_size: int = 16, engine_version: str | None = None,
-              warmup: float = 0.0) -> CurveModel:
-    """The APC hit-rate curve (token hit rate over admitted requests, as ``summarize``)."""
+              warmup: float = 0.0, policy: str = "apc") -> CurveModel:
+    """The APC hit-rate curve (token hit rate over admitted requests, as ``summarize``): the
+    ``chained_blocks`` kind, of engines with vLLM's block rules and LRU free order."""
     t0 = time.perf_counter()
     trace.require_tokens("a hit-rate curve")
     settings, work = _chained_units(trace, int(block_size), "fast", engine_version)
@@ -215,15 +214,16 @@ def apc_curve(trace: Trace, block_size: int = 16, engine_version: str | None = N
     exactness = ("exact at capacities >= the largest request footprint "
                  f"({int(inputs['foot'][inputs['foot'] < NEVER].max(initial=0)) * block_size:,} tokens) "
                  "barring re-used duplicate blocks")
-    model = _finish("apc", {"block_size": int(block_size), "engine_version": settings.profile.version},
+    model = _finish(policy, {"block_size": int(block_size), "engine_version": settings.profile.version},
                     int(block_size), inputs, work.prompt_len, measured_mask(len(trace), warmup), exactness, t0)
     model.extra["min_exact_tokens"] = int(inputs["foot"][inputs["foot"] < NEVER].max(initial=0)) * int(block_size)
     return model
 
 
 def radix_curve(trace: Trace, page_size: int = 1, eviction_policy: str = "lru", granule: int | None = None,
-                warmup: float = 0.0) -> CurveModel:
-    """The radix hit-rate curve (LRU-like eviction only), on page-sized units.
+                warmup: float = 0.0, policy: str = "radix") -> CurveModel:
+    """The radix hit-rate curve (LRU-like eviction only), on page-sized units: the
+    ``token_tree`` kind, of engines with SGLang's tree rules.
 
     A request of L prompt tokens generating k keeps ``floor_page(L + k - 1)`` tokens in the
     tree, hits at most ``floor_page(L - 1)`` (a logprob request at most its
@@ -255,7 +255,7 @@ def radix_curve(trace: Trace, page_size: int = 1, eviction_policy: str = "lru", 
     inputs["foot"] = np.where(L > 0, -(-admit // unit), NEVER)
     exactness = ("approximate: whole-leaf eviction is not modelled"
                  + (f"; hits rounded down to {unit}-token granules" if p == 1 else ""))
-    return _finish("radix", {"page_size": p, "eviction_policy": eviction_policy.lower(), "granule": unit},
+    return _finish(policy, {"page_size": p, "eviction_policy": eviction_policy.lower(), "granule": unit},
                    unit, inputs, L, measured_mask(len(trace), warmup), exactness, t0, dedup=True)
 
 
@@ -298,14 +298,25 @@ def _namespace_keys(trace: Trace) -> np.ndarray:
 def curve_model(trace: Trace, policy: str, block_size: int = 16, page_size: int = 1,
                 eviction_policy: str = "lru", engine_version: str | None = None, warmup: float = 0.0,
                 granule: int | None = None) -> CurveModel:
-    """The one-pass model of ``policy`` ('apc', 'radix' or 'block-lru')."""
-    if policy == "apc":
-        return apc_curve(trace, block_size, engine_version, warmup)
-    if policy == "radix":
-        return radix_curve(trace, page_size, eviction_policy, granule, warmup)
+    """The one-pass model of ``policy``: an engine with a curve (its spec's ``curve`` kind) or
+    'block-lru'."""
     if policy == "block-lru":
         return block_lru_curve(trace, block_size, warmup)
-    raise ConfigError(f"no one-pass curve for policy {policy!r}; choose from {', '.join(CURVE_POLICIES)}")
+    from kvsim.engines import registry
+
+    kind = registry.engine(policy).curve if policy in registry.names() else None
+    if kind == "chained_blocks":
+        return apc_curve(trace, block_size, engine_version, warmup, policy)
+    if kind == "token_tree":
+        return radix_curve(trace, page_size, eviction_policy, granule, warmup, policy)
+    raise ConfigError(f"no one-pass curve for policy {policy!r}; choose from {', '.join(curve_policies())}")
+
+
+def curve_policies() -> list[str]:
+    """The policies with a one-pass curve."""
+    from kvsim.engines import registry
+
+    return [s.name for s in registry.engines() if s.curve] + ["block-lru"]
 
 
 def curve(trace: Trace, policy: str = "apc", capacities: Sequence[float] | None = None, points: int = 64,

@@ -289,12 +289,12 @@ class _progress:
 
     def _advance(self, n: int) -> None:
         if self.bar is None:
-            from kvsim.render.progress import Bars
+            from kvsim.progress import bars
 
-            self.bar = Bars("count")
-            self.task = self.bar.task("replaying combinations", self.total)
+            self.bar = bars("count")
+            self.task = self.bar.__enter__().task("replaying combinations", self.total)
         self.task(n)
 
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
-            self.bar.close()
+            self.bar.__exit__(None, None, None)

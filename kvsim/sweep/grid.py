@@ -1,8 +1,8 @@
 """The sweep grid: parse the comma lists of the CLI and expand them into combinations.
 
 A combination is one exact replay: a policy, a capacity and the settings that policy
-reads. APC reads the block size; radix reads the page size and eviction policy. A list
-never multiplies the combinations of a policy that ignores it.
+reads (its spec's ``axes``: APC reads the block size; radix the page size and eviction
+policy). A list never multiplies the combinations of a policy that ignores it.
 """
 from __future__ import annotations
 
@@ -14,11 +14,6 @@ from typing import Any
 from kvsim.errors import ConfigError
 from kvsim.engines.options import SimOptions
 
-#: the settings each policy reads (the others are not expanded for it)
-POLICY_SETTINGS: dict[str, tuple[str, ...]] = {
-    "apc": ("block_size",),
-    "radix": ("page_size", "eviction_policy"),
-}
 
 
 @dataclass(frozen=True)
@@ -54,7 +49,9 @@ class SweepPoint:
         """The options of this combination's exact replay."""
         kwargs = dict(self.base)
         kwargs.update(self.capacity.options())
-        for name in POLICY_SETTINGS[self.policy]:
+        from kvsim.engines import registry
+
+        for name in registry.engine(self.policy).axes:
             kwargs[name] = getattr(self, name)
         return SimOptions(**kwargs)
 
@@ -159,11 +156,7 @@ def parse_policies(text: str | Sequence[Any]) -> list[str]:
     from kvsim.engines.registry import resolve_policies
 
     items = split_list(text, "--policy")
-    names = resolve_policies(",".join(items))
-    for n in names:
-        if n not in POLICY_SETTINGS:
-            raise ConfigError(f"policy {n!r} cannot be swept (known: {', '.join(POLICY_SETTINGS)})")
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(resolve_policies(",".join(items))))
 
 
 def expand_grid(policies: Iterable[str], capacities: Sequence[Capacity], block_sizes: Sequence[int] = (16,),
@@ -180,15 +173,16 @@ def expand_grid(policies: Iterable[str], capacities: Sequence[Capacity], block_s
     for key in ("capacity_tokens", "num_gpu_blocks", "max_total_tokens", "kv_cache_memory",
                 "block_size", "page_size", "eviction_policy"):
         base.pop(key, None)
+    from itertools import product
+
+    from kvsim.engines import registry
+
+    values = {"block_size": block_sizes, "page_size": page_sizes, "eviction_policy": eviction_policies}
     points: list[SweepPoint] = []
     for policy in policies:
-        if policy == "apc":
-            settings = [{"block_size": b} for b in block_sizes]
-        elif policy == "radix":
-            settings = [{"page_size": p, "eviction_policy": e} for p in page_sizes for e in eviction_policies]
-        else:
-            raise ConfigError(f"policy {policy!r} cannot be swept (known: {', '.join(POLICY_SETTINGS)})")
-        for s in settings:
+        axes = registry.engine(policy).axes
+        for combo in product(*(values[a] for a in axes)):
+            s = dict(zip(axes, combo))
             for cap in capacities:
                 points.append(SweepPoint(len(points), policy, cap, base=base, warmup=warmup, **s))
     for p in points:

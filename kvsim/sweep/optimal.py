@@ -36,7 +36,6 @@ from kvsim.io.trace.columns import Trace
 from kvsim.sweep.optimal_pass import optimal_pass
 from kvsim.sweep.prefix_trie import PrefixTrie
 
-OPTIMAL_POLICIES = ("apc", "radix", "block")
 TAILS = ("weighted", "drop")
 #: a capacity in units large enough for every request at once
 _UNLIMITED = 1 << 60
@@ -321,14 +320,18 @@ def block_optimal(trace: Trace, block_size: int | None = None, warmup: float | i
 
 def optimal_model(trace: Trace, policy: str, block_size: int = 16, page_size: int = 1,
                   warmup: float | int | None = 0.0, **options: Any) -> OptimalModel:
-    """The optimum of ``policy`` ('apc', 'radix' or 'block')."""
-    if policy == "apc":
-        return apc_optimal(trace, block_size, warmup)
-    if policy == "radix":
-        return radix_optimal(trace, page_size, warmup, **options)
+    """The optimum of ``policy``: an engine with an optimum (its spec's ``optimal`` kind) or 'block'."""
     if policy == "block":
         return block_optimal(trace, block_size, warmup, **options)
-    raise ConfigError(f"no optimal curve for policy {policy!r}; choose from {', '.join(OPTIMAL_POLICIES)}")
+    from kvsim.engines import registry
+
+    kind = registry.engine(policy).optimal if policy in registry.names() else None
+    if kind == "chained_blocks":
+        return apc_optimal(trace, block_size, warmup)
+    if kind == "token_tree":
+        return radix_optimal(trace, page_size, warmup, **options)
+    known = [s.name for s in registry.engines() if s.optimal] + ["block"]
+    raise ConfigError(f"no optimal curve for policy {policy!r}; choose from {', '.join(known)}")
 
 
 def _positive(value: Any, what: str) -> int:

@@ -36,20 +36,24 @@ class OptimalSeries:
                 "hit_rate": self.hit_rate.tolist(), "exactness": self.exactness, "seconds": round(self.seconds, 4)}
 
 
-def model_key(point: SweepPoint) -> tuple:
-    """Rows with the same key share one optimum model."""
-    if point.policy == "apc":
-        return ("apc", point.block_size)
-    from kvsim.engines.sglang.settings import RadixSettings
+def model_key(point: SweepPoint) -> tuple | None:
+    """Rows with the same key share one optimum model (None: the engine's rules have none)."""
+    from kvsim.engines import registry
 
-    s = RadixSettings.from_options(point.options())
-    return ("radix", point.page_size, s.overlap, s.finish, s.max_new_tokens, s.chunked_prefill_size)
+    spec = registry.engine(point.policy)
+    if spec.optimal == "chained_blocks":
+        return (point.policy, spec.optimal, point.block_size)
+    if spec.optimal == "token_tree":
+        s = spec.settings(point.options())
+        return (point.policy, spec.optimal, point.page_size, s.overlap, s.finish, s.max_new_tokens,
+                s.chunked_prefill_size)
+    return None
 
 
 def build_model(trace: Trace, key: tuple, warmup: Any) -> OptimalModel:
-    if key[0] == "apc":
-        return apc_optimal(trace, key[1], warmup=warmup)
-    _, page, overlap, finish, max_new, chunk = key
+    if key[1] == "chained_blocks":
+        return apc_optimal(trace, key[2], warmup=warmup)
+    _, _, page, overlap, finish, max_new, chunk = key
     return radix_optimal(trace, page, warmup=warmup, overlap=overlap, finish=finish, max_new_tokens=max_new,
                          chunked_prefill_size=chunk)
 
@@ -60,7 +64,9 @@ def attach_optimal(trace: Trace, points: list[SweepPoint], frame: pd.DataFrame, 
     frame["optimal_hit_rate"] = np.nan
     groups: dict[tuple, list[int]] = {}
     for i, p in enumerate(points):
-        groups.setdefault(model_key(p), []).append(i)
+        key = model_key(p)
+        if key is not None:
+            groups.setdefault(key, []).append(i)
     out = []
     for key, idx in groups.items():
         model = build_model(trace, key, warmup)

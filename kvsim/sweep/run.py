@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.io.trace.columns import Trace
-from kvsim.sweep.curves import LRU_LIKE, CurveModel, curve_model
+from kvsim.sweep.curves import CurveModel, curve_model
 from kvsim.sweep.grid import (
     SweepPoint,
     expand_grid,
@@ -96,11 +96,14 @@ def sweep(trace: Trace, policies: str | Sequence[str] = "apc,radix", capacities:
     base = dict(options)
     if model is not None:
         base["model"] = model
+    from kvsim.engines import registry
+
+    axes = {a for n in names for a in registry.engine(n).axes}
     points = expand_grid(
         names, caps,
-        block_sizes=parse_ints(block_sizes, "--block-size") if "apc" in names else (16,),
-        page_sizes=parse_ints(page_sizes, "--page-size") if "radix" in names else (1,),
-        eviction_policies=parse_eviction_policies(eviction_policies) if "radix" in names else ("lru",),
+        block_sizes=parse_ints(block_sizes, "--block-size") if "block_size" in axes else (16,),
+        page_sizes=parse_ints(page_sizes, "--page-size") if "page_size" in axes else (1,),
+        eviction_policies=parse_eviction_policies(eviction_policies) if "eviction_policy" in axes else ("lru",),
         base=base, warmup=window if window.active else None)   # executors.replay_point counts after it
     if concurrent is not None:
         from dataclasses import replace
@@ -140,13 +143,15 @@ def run_sweep(trace: Trace, policies: str | Sequence[str] = "apc,radix", capacit
 
 
 def _frame(points: list[SweepPoint], rows: list[dict[str, Any]]) -> pd.DataFrame:
+    from kvsim.engines import registry
+
     records = []
     for p, row in zip(points, rows):
         cfg = row.get("config", {})
         cap = row.get("capacity_tokens")
+        own = registry.engine(p.policy).capacity_column      # the engine's own capacity unit
         rec = {**p.label(), "capacity_tokens": math.inf if cap is None else float(cap),
-               "num_gpu_blocks": cfg.get("num_gpu_blocks") if p.policy == "apc" else None,
-               "max_total_tokens": cfg.get("max_total_tokens") if p.policy == "radix" else None}
+               **{col: cfg.get(col) if col == own else None for col in ("num_gpu_blocks", "max_total_tokens")}}
         for key in FIGURES:
             rec[key] = row.get(key)
         for key in CONCURRENT_FIGURES:
@@ -160,16 +165,15 @@ def _frame(points: list[SweepPoint], rows: list[dict[str, Any]]) -> pd.DataFrame
 
 
 def _curve_groups(points: list[SweepPoint]) -> dict[tuple, list[int]]:
-    """Rows that share one curve: APC per block size; radix LRU per page size."""
+    """Rows that share one curve: an engine's rows at one size of its unit (APC per block
+    size; radix LRU per page size)."""
+    from kvsim.engines import registry
+
     groups: dict[tuple, list[int]] = {}
     for i, p in enumerate(points):
-        if p.policy == "apc":
-            key: tuple = ("apc", p.block_size)
-        elif p.policy == "radix" and p.eviction_policy in LRU_LIKE:
-            key = ("radix", p.page_size)
-        else:
-            continue
-        groups.setdefault(key, []).append(i)
+        spec = registry.engine(p.policy)
+        if spec.curve_applies(p.label()):
+            groups.setdefault((p.policy, getattr(p, spec.unit)), []).append(i)
     return groups
 
 
@@ -182,11 +186,11 @@ def _curves(trace: Trace, points: list[SweepPoint], frame: pd.DataFrame, curve_p
     engine_version = points[0].base.get("engine_version") if points else None
     warm = as_fraction(len(trace), window)
     out: list[CurveSeries] = []
+    from kvsim.engines import registry
+
     for (policy, size), idx in _curve_groups(points).items():
-        if policy == "apc":
-            model = curve_model(trace, "apc", block_size=size, engine_version=engine_version, warmup=warm)
-        else:
-            model = curve_model(trace, "radix", page_size=size, eviction_policy="lru", warmup=warm)
+        model = curve_model(trace, policy, **{registry.engine(policy).unit: size}, engine_version=engine_version,
+                            warmup=warm)
         caps = frame.loc[idx, "capacity_tokens"].to_numpy(np.float64)
         est = model.hit_rate(caps)
         exact = frame.loc[idx, "token_hit_rate"].to_numpy(np.float64)

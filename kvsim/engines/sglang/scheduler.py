@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.engines.sglang.rules import CLIP_MAX_NEW_TOKENS, decode_starts_page, logprob_aborts, max_prefix_len
-from kvsim.engines.sglang.settings import FINISHES
+from kvsim.engines.sglang.settings import FINISHES, sglang_chunked_prefill_size
+from kvsim.models import radix_max_total_tokens
 from kvsim.errors import ConfigError
-from kvsim.drive.clock import run_steps
-from kvsim.drive.results import StepResult
+from kvsim.engines.base import StepResult
 from kvsim.engines.sglang.adder import CONTINUE, NO_TOKEN, OTHER, PrefillAdder
 from kvsim.engines.sglang.request import make_cache
 from kvsim.engines.sglang.rules import namespace
@@ -72,11 +72,67 @@ class SglangSchedSettings:
         if self.max_running_requests < 1 or self.max_prefill_tokens < 1:
             raise ConfigError("--max-running-requests and --max-prefill-tokens must be positive")
 
+    def engine(self, prompts, outputs, loras=None, salts=None, logprob_starts=None, **_other) -> "SglangEngine":
+        """The scheduler process over these requests (``loras`` / ``salts``: namespaces;
+        ``logprob_starts``: each request's ``logprob_start_len``, -1 none)."""
+        return SglangEngine(self, prompts, outputs, loras, salts, logprob_starts)
+
+    def describe(self) -> str:
+        """The settings in one line, for the terminal."""
+        return (f"max_total_tokens {self.capacity:,}, page {self.page_size}, {self.schedule_policy}, "
+                f"chunked_prefill_size {self.chunked_prefill_size}, max_prefill_tokens {self.max_prefill_tokens}, "
+                f"max_running_requests {self.max_running_requests}, overlap {'on' if self.overlap else 'off'}")
+
+
+UNLIMITED_TOKENS = 1 << 26     # an "unlimited" pool for the step replay
+
 
 def default_max_running_requests(capacity: int, context_len: int) -> int:
     """SGLang's request-slot count when unset (``_resolve_max_running_requests_per_worker``)."""
     estimated = max(min(int(capacity / context_len * 512), 4096), 2048)
     return max(min(estimated, capacity // 2), 1)
+
+
+def sglang_settings(options, unlimited_tokens: int | None = None,
+                    **overrides) -> tuple[SglangSchedSettings, str]:
+    """SGLang scheduler settings for ``options``; explicit overrides win over the defaults.
+
+    Without a capacity the pool is "unlimited": ``unlimited_tokens`` (enough for every request
+    of the workload at once) or at most ``UNLIMITED_TOKENS`` tokens; the request slots are
+    then those of the largest pool, so the pool's size changes nothing.
+    """
+    capacity = radix_max_total_tokens(options)
+    if capacity is None:
+        capacity = min(unlimited_tokens or UNLIMITED_TOKENS, UNLIMITED_TOKENS)
+        if overrides.get("max_running_requests") is None:
+            context = overrides.get("context_len") or SglangSchedSettings.context_len
+            overrides["max_running_requests"] = default_max_running_requests(UNLIMITED_TOKENS, context)
+    p = int(options.page_size)
+    capacity -= capacity % p
+    knobs = {"chunked_prefill_size": sglang_chunked_prefill_size(options.gpu),
+             **{k: v for k, v in overrides.items() if v is not None}}
+    note = (f"SGLang's defaults for {options.gpu}" if options.gpu else "SGLang's defaults (no --gpu)")
+    return SglangSchedSettings(capacity=capacity, page_size=p, eviction_policy=options.eviction_policy,
+                               **knobs), note
+
+
+def scheduler_settings(options, overrides: dict, trace=None) -> tuple[SglangSchedSettings, str]:
+    """The scheduler settings a replay of ``trace`` uses: the radix settings the sequential replay
+    reads (finish, overlap, chunked prefill), an unlimited pool holding every request at once."""
+    extra = options.extra
+    knobs = {"finish": extra.get("finish", "length"), "overlap": extra.get("overlap", True)}
+    if "chunked_prefill_size" in extra:
+        knobs["chunked_prefill_size"] = int(extra["chunked_prefill_size"])
+    knobs.update(overrides)
+    p = int(options.page_size)
+    tokens = None
+    if trace is not None and len(trace):
+        need = trace.prompt_lengths + np.maximum(trace.output_lengths, 1)
+        tokens = int(-(-int((need + 2 * p + 2).sum()) // p) * p)
+    settings, note = sglang_settings(options, unlimited_tokens=tokens, **knobs)
+    if "max_running_requests" not in overrides:
+        note += f"; max_running_requests {settings.max_running_requests} from the pool size"
+    return settings, note
 
 
 class SglangRequest:
@@ -489,11 +545,3 @@ class SglangEngine:
                 self.result.preemptions[i] = r.retraction_count
             elif mode == EXTEND:
                 self.cache.checkpoint(r.kv, r.kv.extend_end)   # the prompt enters the tree (§6.2)
-
-
-def replay_sglang_steps(prompts, outputs, arrival_steps, settings: SglangSchedSettings,
-                        loras=None, salts=None, logprob_starts=None) -> StepResult:
-    """Replay requests on the step clock through the SGLang scheduler model."""
-    engine = SglangEngine(settings, prompts, outputs, loras, salts, logprob_starts)
-    engine.result.steps = run_steps(engine, arrival_steps)
-    return engine.result

@@ -136,6 +136,26 @@ class RadixReference(_RadixSequential, PrefixCache):
         self.active: dict[str, RequestState] = {}
         self.last_rejected: RequestState | None = None
 
+    token_slots = True      # a running request's row holds one slot per token
+
+    @classmethod
+    def for_validation(cls, settings: RadixSettings, trace) -> tuple["RadixReference", int]:
+        """The model gpu-validate drives, and the pool pages it needs: unlimited, slots are never
+        reused and a request allocates at most L + M + 1 slots plus a page."""
+        from kvsim.engines.sglang.rules import ceil_page
+        from kvsim.errors import ConfigError
+
+        if settings.finish != "length":
+            raise ConfigError("gpu-validate follows requests that finish by length only (finish='length')")
+        p = settings.page_size
+        L = trace.prompt_lengths
+        slice_pages = int(np.sum(ceil_page(L + np.maximum(trace.output_lengths, 1) + 1, p) // p + 1)) + 2
+        return cls(settings), slice_pages if settings.capacity is None else settings.capacity // p + 1
+
+    def decodes_after_admission(self, req: Request) -> int:
+        state = self.active.get(req.request_id)
+        return 0 if state is None else state.k - 1   # generation clipped to the pool (max_new)
+
     def admit(self, req: Request) -> Admission | None:
         cache = self.cache
         state = self.state_for(np.asarray(req.prompt, np.int64), np.asarray(req.output, np.int64),

@@ -24,12 +24,13 @@ import numpy as np
 
 from kvsim.engines.vllm import rules
 from kvsim.engines.vllm.manager import KVCacheManager
+from kvsim.models import GiB, apc_num_gpu_blocks, gpu_memory_bytes
 from kvsim.errors import ConfigError
-from kvsim.drive.clock import run_steps
-from kvsim.drive.results import StepResult
+from kvsim.engines.base import StepResult
 
 WAITING, RUNNING, PREEMPTED, FINISHED = range(4)
 IMPLEMENTATIONS = ("fast", "reference")
+UNLIMITED_BLOCKS = 1 << 22      # an "unlimited" cache for the step replay: 64M tokens at B = 16
 BATCH_QUEUE_SIZE = 2          # VllmConfig.max_concurrent_batches with async scheduling (§4.2)
 POLICIES = ("fcfs", "priority")
 
@@ -75,6 +76,19 @@ class VllmSchedSettings:
             raise ConfigError(f"without chunked prefill --max-num-batched-tokens ({self.max_num_batched_tokens}) "
                               f"must be at least the max model length ({self.max_model_len})")
 
+    def engine(self, prompts, outputs, priorities=None, loras=None, salts=None, prompt_logprobs=None,
+               **_other) -> "VllmEngine":
+        """The engine core over these requests (``loras`` / ``salts``: namespaces; a
+        ``prompt_logprobs`` request skips reading the cache)."""
+        return VllmEngine(self, prompts, outputs, priorities, loras, salts, prompt_logprobs)
+
+    def describe(self) -> str:
+        """The settings in one line, for the terminal."""
+        return (f"num_gpu_blocks {self.num_gpu_blocks:,}, block {self.block_size}, max_num_seqs {self.max_num_seqs}, "
+                f"max_num_batched_tokens {self.max_num_batched_tokens}, long_prefill_token_threshold "
+                f"{self.long_prefill_token_threshold}, {self.policy}, "
+                f"{'async' if self.async_scheduling else 'sync'} scheduling")
+
 
 def kv_cache_manager(implementation: str, num_gpu_blocks: int, block_size: int, watermark: float = 0.0,
                      hash_algo: str = "fast", max_model_len: int = 1 << 62, enable_caching: bool = True):
@@ -86,6 +100,42 @@ def kv_cache_manager(implementation: str, num_gpu_blocks: int, block_size: int, 
         return JitKVCacheManager(num_gpu_blocks, block_size, enable_caching, max_model_len, watermark, hash_algo)
     return KVCacheManager(num_gpu_blocks, block_size, enable_caching, log_stats=False, max_model_len=max_model_len,
                           watermark=watermark, hash_algo=hash_algo)
+
+
+def vllm_budget_defaults(gpu: str | None) -> tuple[int, int, str]:
+    """(max_num_batched_tokens, max_num_seqs, where they come from) for ``--gpu``: vLLM 0.33.0's
+    OpenAI-server defaults (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``)."""
+    if gpu:
+        memory = gpu_memory_bytes(gpu)
+        if memory >= 160 * GiB:
+            return 16384, 1024, f"vLLM's defaults for {gpu} (>= 160 GiB)"
+        if memory >= 70 * GiB and "a100" not in gpu.lower():
+            return 8192, 1024, f"vLLM's defaults for {gpu} (>= 70 GiB)"
+        return 2048, 256, f"vLLM's defaults for {gpu}"
+    return 2048, 256, "vLLM's generic defaults (no --gpu)"
+
+
+def vllm_settings(options, unlimited_blocks: int | None = None, **overrides) -> tuple[VllmSchedSettings, str]:
+    """vLLM scheduler settings for ``options`` (a SimOptions); explicit overrides win over the
+    defaults. Without a capacity the pool is "unlimited": ``unlimited_blocks`` (enough for every
+    request of the workload at once, so nothing is ever evicted) or at most ``UNLIMITED_BLOCKS``."""
+    tokens, seqs, note = vllm_budget_defaults(options.gpu)
+    blocks = apc_num_gpu_blocks(options) or min(unlimited_blocks or UNLIMITED_BLOCKS, UNLIMITED_BLOCKS)
+    knobs = {"max_num_batched_tokens": tokens, "max_num_seqs": seqs,
+             **{k: v for k, v in overrides.items() if v is not None}}
+    if "max_num_batched_tokens" in overrides or "max_num_seqs" in overrides:
+        note = "as given"
+    return VllmSchedSettings(num_gpu_blocks=blocks, block_size=int(options.block_size),
+                             hash_algo=options.hash_algo, **knobs), note
+
+
+def scheduler_settings(options, overrides: dict, trace=None) -> tuple[VllmSchedSettings, str]:
+    """The scheduler settings a replay of ``trace`` uses: an unlimited pool holds every request at once."""
+    blocks = None
+    if trace is not None and len(trace):
+        need = trace.prompt_lengths + np.maximum(trace.output_lengths, 1)
+        blocks = int((-(-need // int(options.block_size))).sum()) + 2
+    return vllm_settings(options, unlimited_blocks=blocks, **overrides)
 
 
 class VllmRequest:
@@ -508,11 +558,3 @@ class VllmEngine:
             return False
         sched.update_from_output(self.queue.pop(), self.result)
         return took_step
-
-
-def replay_vllm_steps(prompts, outputs, arrival_steps, settings: VllmSchedSettings,
-                      priorities=None, loras=None, salts=None, prompt_logprobs=None) -> StepResult:
-    """Replay requests on the step clock through the vLLM scheduler model."""
-    engine = VllmEngine(settings, prompts, outputs, priorities, loras, salts, prompt_logprobs)
-    engine.result.steps = run_steps(engine, arrival_steps)
-    return engine.result

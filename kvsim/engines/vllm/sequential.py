@@ -66,6 +66,24 @@ class APCReference(PrefixCache):
                 work.prompt_lengths, np.maximum(work.output_lengths, 1), settings.block_size))
         return cls(settings)
 
+    @classmethod
+    def for_validation(cls, settings: APCSettings, trace) -> tuple["APCReference", int]:
+        """The model gpu-validate drives, and the pool pages it needs (``kvsim.gpu.cache_models``).
+
+        Block ids leave vLLM's free queue lowest first (it starts as 1..N-1 and freed blocks
+        go behind or in front of the untouched ones), so a slice never touches an id above
+        the blocks it takes in all: the pool can stop there even when the capacity is larger.
+        """
+        slice_blocks = rules.unlimited_num_blocks(trace.prompt_lengths, np.maximum(trace.output_lengths, 1),
+                                                  settings.block_size)
+        num_blocks = slice_blocks if settings.num_gpu_blocks is None else settings.num_gpu_blocks
+        return cls(replace(settings, num_gpu_blocks=num_blocks)), min(num_blocks, slice_blocks)
+
+    token_slots = False     # admission tables hold block ids
+
+    def decodes_after_admission(self, req: Request) -> int:
+        return len(req.output) - 1
+
     def blocks_needed(self, req: Request) -> int:
         """Blocks a request holds at its peak (rules.peak_blocks)."""
         return int(rules.peak_blocks(len(req.prompt), max(len(req.output), 1), self.page_size))
