@@ -33,8 +33,17 @@ def _root(
     no_trace_cache: bool = typer.Option(False, "--no-trace-cache",
                                         help="Read logs afresh: neither use nor store the trace cache "
                                              "(see kvsim cache info)."),
+    engine_plugin: list[str] = typer.Option([], "--engine-plugin", metavar="MODULE:CLASS",
+                                            help="Register an extra engine (an EngineSpec class; module or "
+                                                 "file.py path), usable as --policy NAME (docs/engines/plugins.md)."),
 ) -> None:
     """Prefix-cache workload analyzer and KV-cache simulator for LLM serving."""
     from kvsim.io.trace.cache import enabled_by_default
+
+    if engine_plugin:
+        from kvsim.engines.registry import load_plugin
+
+        for path in engine_plugin:
+            load_plugin(path)
 
     session["trace_cache"] = enabled_by_default() and not no_trace_cache

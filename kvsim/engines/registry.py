@@ -32,12 +32,14 @@ def _register(spec: EngineSpec, where: str) -> None:
 
 
 def load_plugin(path: str) -> EngineSpec:
-    """Register the engine ``module:SpecClass`` (or ``module:instance``); returns its spec."""
-    if ":" not in path:
-        raise ConfigError(f"--engine-plugin takes module:Class, got {path!r}")
+    """Register the engine ``module:SpecClass`` (or ``module:instance``, or ``file.py:SpecClass``);
+    returns its spec."""
+    where, _, attr = path.rpartition(":")
+    if not where or not attr:
+        raise ConfigError(f"--engine-plugin takes module:Class or file.py:Class, got {path!r}")
     try:
-        obj = load(path)
-    except (ImportError, AttributeError) as e:
+        obj = getattr(_import(where), attr)
+    except (ImportError, AttributeError, OSError) as e:
         raise ConfigError(f"--engine-plugin {path}: {e}") from None
     spec = obj() if isinstance(obj, type) else obj
     _ensure()
@@ -46,6 +48,28 @@ def load_plugin(path: str) -> EngineSpec:
     if path not in plugins:
         os.environ[PLUGINS_ENV] = ",".join([*plugins, path])
     return spec
+
+
+def _import(where: str):
+    """A module by name, or a plugin file by path (imported under a name of its own)."""
+    import importlib
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if not where.endswith(".py"):
+        return importlib.import_module(where)
+    file = Path(where).resolve()
+    name = f"kvsim_plugin_{file.stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    found = importlib.util.spec_from_file_location(name, file)
+    if found is None or not file.exists():
+        raise ImportError(f"no plugin file {where}")
+    module = importlib.util.module_from_spec(found)
+    sys.modules[name] = module
+    found.loader.exec_module(module)
+    return module
 
 
 def _ensure() -> None:

@@ -353,7 +353,10 @@ class KVCacheManager:
 
     ``watermark`` is the scheduler's share of all blocks (the null block included) that an
     allocation must leave free when asked to (``apply_watermark``; docs/engines/vllm-scheduler.md §3.3).
+    ``pool_type`` is the block pool it allocates from (a subclass may evict differently).
     """
+
+    pool_type: type = BlockPool
 
     def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool = True,
                  profile: EngineProfile | None = None, use_eagle: bool = False,
@@ -365,8 +368,8 @@ class KVCacheManager:
         self.profile = profile or PROFILES["0.33"]
         self.use_eagle = use_eagle
         self.max_model_len = max_model_len
-        self.pool = BlockPool(num_gpu_blocks, enable_caching, self.profile.free_unhashed_to_head,
-                              record_events)
+        self.pool = self.pool_type(num_gpu_blocks, enable_caching, self.profile.free_unhashed_to_head,
+                                   record_events)
         self.hasher = BlockHasher(block_size, hash_algo, lora_paths)
         self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.req_to_blocks: dict[str, list[Block]] = {}

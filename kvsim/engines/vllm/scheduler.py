@@ -76,6 +76,11 @@ class VllmSchedSettings:
             raise ConfigError(f"without chunked prefill --max-num-batched-tokens ({self.max_num_batched_tokens}) "
                               f"must be at least the max model length ({self.max_model_len})")
 
+    def manager(self, max_model_len: int):
+        """The KV-cache manager the scheduler drives (a subclass of these settings may bring its own)."""
+        return kv_cache_manager(self.implementation, self.num_gpu_blocks, self.block_size, self.watermark,
+                                self.hash_algo, max_model_len, self.enable_prefix_caching)
+
     def engine(self, prompts, outputs, priorities=None, loras=None, salts=None, prompt_logprobs=None,
                **_other) -> "VllmEngine":
         """The engine core over these requests (``loras`` / ``salts``: namespaces; a
@@ -224,8 +229,7 @@ class VllmScheduler:
     def __init__(self, settings: VllmSchedSettings) -> None:
         s = self.settings = settings
         self.max_model_len = s.max_model_len or (1 << 62)
-        self.cache = kv_cache_manager(s.implementation, s.num_gpu_blocks, s.block_size, s.watermark, s.hash_algo,
-                                      self.max_model_len, s.enable_prefix_caching)
+        self.cache = s.manager(self.max_model_len)
         self.waiting = WaitingQueue(s.policy == "priority")
         self.running: list[VllmRequest] = []
         self.finished_since_schedule = False      # finished_req_ids not yet sent to the workers

@@ -40,8 +40,11 @@ class APCReference(PrefixCache):
     ``admit`` looks up and allocates the whole prompt, then samples the first output token;
     each ``decode`` computes the last sampled token (allocating one slot and caching blocks
     it completes) and samples the next; ``finish`` frees. The last sampled token is never
-    computed, so the block it would complete is never cached (§4.1).
+    computed, so the block it would complete is never cached (§4.1). ``manager_type`` is the
+    KV-cache manager it drives (a subclass may bring another block pool).
     """
+
+    manager_type: type = KVCacheManager
 
     def __init__(self, settings: APCSettings, record_events: bool = False) -> None:
         if settings.num_gpu_blocks is None:
@@ -49,9 +52,9 @@ class APCReference(PrefixCache):
         self.settings = settings
         self.page_size = settings.block_size
         self.profile = settings.profile
-        self.manager = KVCacheManager(settings.num_gpu_blocks, settings.block_size, profile=self.profile,
-                                      record_events=record_events, hash_algo=settings.hash_algo,
-                                      lora_paths=settings.lora_paths)
+        self.manager = self.manager_type(settings.num_gpu_blocks, settings.block_size, profile=self.profile,
+                                         record_events=record_events, hash_algo=settings.hash_algo,
+                                         lora_paths=settings.lora_paths)
         self.pool = self.manager.pool
         self.peak_in_use_blocks = 0   # most blocks one served request held (serve)
         self.queries = 0   # vLLM prefix_cache_queries (tokens), as the metric counts them
