@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from kvsim.errors import InputError
-from kvsim.gpu import roofline
+from kvsim.costs import roofline
 from kvsim.gpu.block_tables import SlotLedger, pages_from_block_table
-from kvsim.gpu.calibration import Calibration, fit_calibration
+from kvsim.costs.calibration import Calibration, fit_calibration
 from kvsim.gpu.configs import CONFIGS, get_config
 
 

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch", reason="gpu extra not installed (pip instal
 from kvsim.engines.base import Admission
 from kvsim.engines.registry import names as policy_names
 from kvsim.gpu import cache_models
-from kvsim.gpu.calibration import Calibration
+from kvsim.costs.calibration import Calibration
 from kvsim.gpu.validate import ValidateOptions, run_validation
 from kvsim.io.trace.columns import Trace
 from kvsim.engines.options import SimOptions

@@ -76,7 +76,7 @@ def test_no_prompt_text_without_show_text(tmp_path):
 
 
 def test_calibration_turns_saved_tokens_into_gpu_seconds(tmp_path):
-    from kvsim.gpu.calibration import Calibration
+    from kvsim.costs.calibration import Calibration
 
     cal = tmp_path / "cal.json"
     # 1 ms per prefill token, no attention term: the saving is exactly 1 ms per cached token

@@ -50,7 +50,7 @@ def test_a_log_without_timestamps_gets_one_line(tmp_path):
 
 def test_step_cost_is_the_calibration_when_given(tmp_path):
     """--calibration replaces the roofline; without --model/--gpu the page names the defaults."""
-    from kvsim.gpu.calibration import Calibration
+    from kvsim.costs.calibration import Calibration
     from kvsim.engines.options import SimOptions
     from kvsim.report import ReportOptions
     from kvsim.report.concurrent import step_cost_for

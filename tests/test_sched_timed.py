@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kvsim.errors import ConfigError
-from kvsim.gpu.calibration import Calibration
+from kvsim.costs.calibration import Calibration
 from kvsim.drive.clock import Releases
 from kvsim.engines.sglang.scheduler import SglangSchedSettings
 from kvsim.drive.step_cost import CalibratedStepCost, step_cost

@@ -81,7 +81,7 @@ def test_proxy_to_kvsim_agrees_on_every_request(pair, capsys):
     from kvsim.cli import run
 
     capsys.readouterr()
-    assert run(["report", str(proxy.record)]) == 0
+    assert run(["report", str(proxy.record), "--agreement"]) == 0
     out = capsys.readouterr().out
     assert f"{len(compared)}/{len(compared)} exact (100.0%)" in out and "no disagreement" in out
 
@@ -174,11 +174,11 @@ def test_disagreements_errors_and_delays_are_reported(scripted, capsys):
     capsys.readouterr()
     from kvsim.cli import run
 
-    assert run(["report", str(proxy.record)]) == 0
+    assert run(["report", str(proxy.record), "--agreement"]) == 0
     out = capsys.readouterr().out
     assert "first disagreement: line 2" in out and "upstream error" in out
     assert "A long shared instruction" not in out   # no prompt text unless asked
-    assert run(["report", str(proxy.record), "--show-text"]) == 0
+    assert run(["report", str(proxy.record), "--agreement", "--show-text"]) == 0
     assert "A long shared instruction" in capsys.readouterr().out
 
     metrics = httpx.get(proxy.url + "/metrics").text
@@ -194,6 +194,6 @@ def test_report_of_a_broken_proxy_record_is_one_line(tmp_path, capsys):
     good = {"request_id": "r1", "prompt_token_ids": [1, 2], "output_token_ids": [3],
             "kvsim": {"cached_tokens": 0, "prompt_tokens": 2}, "upstream": {"status": 200, "cached_tokens": 0}}
     rec.write_text(json.dumps(good) + "\n" + json.dumps({**good, "kvsim": {"cached_tokens": "x"}}) + "\n")
-    assert run(["report", str(rec)]) == 2
+    assert run(["report", str(rec), "--agreement"]) == 2
     err = capsys.readouterr().err
     assert f"{rec}:2:" in err and "Traceback" not in err

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from kvsim.cli import run
-from kvsim.gpu.calibration import Calibration
+from kvsim.costs.calibration import Calibration
 from serve_helpers import read_record, start_kvsim
 
 pytest.importorskip("openai")

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent / "oracle"))
 from sched_workloads import SchedMix, random_workload
 
 from kvsim.cli import run
-from kvsim.gpu.calibration import Calibration
+from kvsim.costs.calibration import Calibration
 
 DEMO = Path(__file__).resolve().parents[1] / "traces" / "demo_mixture.jsonl"
 FAR = 100_000   # steps between arrivals: each request finishes long before the next arrives

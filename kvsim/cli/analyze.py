@@ -6,25 +6,17 @@ from typing import Annotated, Optional
 
 import typer
 
+from kvsim.cli.groups import with_groups
+from kvsim.cli.options import INPUT, LogInput
 from kvsim.cli.app import app, console
-from kvsim.cli.options import ANALYZE_DEFAULT, INPUT_DEFAULT, BlockSizesOpt, TopOpt
-from kvsim.cli.options import (
-    FormatOpt,
-    LimitOpt,
-    LogPaths,
-    OnErrorOpt,
-    ShowTextOpt,
-    TemplateOpt,
-    TokenizerOpt,
-    TraceBlockOpt,
-    WarmupOpt,
-    load_from_cli,
-)
+from kvsim.cli.options import ANALYZE_DEFAULT, BlockSizesOpt, TopOpt
+from kvsim.cli.options import LogPaths, ShowTextOpt, WarmupOpt
 
 _OUT = "Output"
 
 
 @app.command()
+@with_groups(INPUT)
 def analyze(
     logs: LogPaths,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the whole report as JSON.",
@@ -38,12 +30,7 @@ def analyze(
     block_sizes: BlockSizesOpt = ANALYZE_DEFAULT["block_sizes"],
     top: TopOpt = ANALYZE_DEFAULT["top"],
     warmup: WarmupOpt = None,
-    fmt: FormatOpt = INPUT_DEFAULT["format"],
-    tokenizer: TokenizerOpt = INPUT_DEFAULT["tokenizer"],
-    chat_template: TemplateOpt = INPUT_DEFAULT["chat_template"],
-    trace_block_size: TraceBlockOpt = INPUT_DEFAULT["trace_block_size"],
-    on_error: OnErrorOpt = INPUT_DEFAULT["on_error"],
-    limit: LimitOpt = None,
+    log_input: LogInput = None,
 ) -> None:
     """How much of this workload could any prefix cache reuse, where is reuse lost, and what would fix it.
 
@@ -71,7 +58,7 @@ def analyze(
         check_output_path(json_out, logs)
     if html is not None:
         check_output_path(html, logs)
-    trace = load_from_cli(logs, fmt, tokenizer, chat_template, trace_block_size, on_error, limit)
+    trace = log_input.load(logs)
     report = run_analysis(trace, opts).to_dict()
     render_report(console, report)
     if json_out is not None:

@@ -6,25 +6,21 @@ from typing import Annotated
 
 import typer
 
+from kvsim.cli.groups import with_groups
+from kvsim.cli.options import INPUT, LogInput
 from kvsim.cli.app import app, console
-from kvsim.cli.options import INPUT_DEFAULT
-from kvsim.cli.options import (FormatOpt, LimitOpt, LogPaths, OnErrorOpt, TemplateOpt, TokenizerOpt,
-                               TraceBlockOpt, load_from_cli)
+from kvsim.cli.options import LogPaths
 
 
 @app.command()
+@with_groups(INPUT)
 def convert(
     logs: LogPaths,
     output: Annotated[Path, typer.Option(
         "--output", "-o", help="trace.parquet (one row per request), or .jsonl / .jsonl.gz (the tokens "
         "format). Token ids, lengths, names and ids; no text.", show_default=False)],
     force: Annotated[bool, typer.Option("--force", help="Overwrite the output file if it exists.")] = False,
-    fmt: FormatOpt = INPUT_DEFAULT["format"],
-    tokenizer: TokenizerOpt = INPUT_DEFAULT["tokenizer"],
-    chat_template: TemplateOpt = INPUT_DEFAULT["chat_template"],
-    trace_block_size: TraceBlockOpt = INPUT_DEFAULT["trace_block_size"],
-    on_error: OnErrorOpt = INPUT_DEFAULT["on_error"],
-    limit: LimitOpt = None,
+    log_input: LogInput = None,
 ) -> None:
     """Read logs and write them as one trace: Parquet for pandas, DuckDB or Spark, read back by
     every kvsim command.
@@ -43,7 +39,7 @@ def convert(
 
         pyarrow()  # fail before reading a large log
     check_output_path(output, logs, force)
-    trace = load_from_cli(logs, fmt, tokenizer, chat_template, trace_block_size, on_error, limit)
+    trace = log_input.load(logs)
     if parquet:
         from kvsim.io.trace.parquet import write_parquet
 

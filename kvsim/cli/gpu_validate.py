@@ -9,16 +9,8 @@ import typer
 
 from kvsim.cli.app import app, console, err_console
 from kvsim.cli.options import INPUT_DEFAULT
-from kvsim.cli.options import (
-    DEFAULT,
-    BlockSizeOpt,
-    FormatOpt,
-    OnErrorOpt,
-    PageSizeOpt,
-    TemplateOpt,
-    TokenizerOpt,
-    TraceBlockOpt,
-)
+from kvsim.cli.options import (DEFAULT, BlockSizeOpt, FormatOpt, OnErrorOpt, PageSizeOpt, TemplateOpt, TokenizerOpt,
+                               TraceBlockOpt)
 
 _RUN = "Run"
 _CAP = "Cache"

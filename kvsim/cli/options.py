@@ -200,3 +200,110 @@ def sim_options(capacity: str | None = None, num_gpu_blocks: int | None = None,
         capacity_tokens=tokens, num_gpu_blocks=num_gpu_blocks, max_total_tokens=max_total_tokens,
         kv_cache_memory=memory, model=model, gpu=gpu, gpu_memory_utilization=gpu_memory_utilization,
         mem_fraction_static=mem_fraction_static, **settings)
+
+
+# -- option groups (kvsim.cli.groups): the same options, added whole to each command ------------
+from dataclasses import dataclass  # noqa: E402
+
+from kvsim.cli.groups import Group  # noqa: E402
+
+
+@dataclass(frozen=True)
+class LogInput:
+    """How to read the logs (the Input options)."""
+
+    fmt: str = INPUT_DEFAULT["format"]
+    tokenizer: str = INPUT_DEFAULT["tokenizer"]
+    chat_template: str = INPUT_DEFAULT["chat_template"]
+    trace_block_size: int = INPUT_DEFAULT["trace_block_size"]
+    on_error: str = INPUT_DEFAULT["on_error"]
+    limit: int | None = None
+
+    def load(self, paths: list[Path]):
+        """The logs as one trace, read with these options (see :func:`load_from_cli`)."""
+        return load_from_cli(paths, self.fmt, self.tokenizer, self.chat_template, self.trace_block_size,
+                             self.on_error, self.limit)
+
+
+INPUT = Group("log_input", {
+    "fmt": (FormatOpt, INPUT_DEFAULT["format"]),
+    "tokenizer": (TokenizerOpt, INPUT_DEFAULT["tokenizer"]),
+    "chat_template": (TemplateOpt, INPUT_DEFAULT["chat_template"]),
+    "trace_block_size": (TraceBlockOpt, INPUT_DEFAULT["trace_block_size"]),
+    "on_error": (OnErrorOpt, INPUT_DEFAULT["on_error"]),
+    "limit": (LimitOpt, None),
+}, LogInput)
+
+_RAD = "SGLang radix settings"
+HashAlgoOpt = Annotated[str, typer.Option("--hash-algo", help="APC block hash: fast, sha256 or sha256_cbor "
+                                          "(the last two reproduce vLLM's hash bytes).", rich_help_panel=_ENG)]
+RadixTreeOpt = Annotated[str, typer.Option("--radix-tree", help="SGLang tree: unified (what a default 0.5.23 "
+                                           "server builds) or classic (RadixCache).", rich_help_panel=_RAD)]
+NoOverlapOpt = Annotated[bool, typer.Option(
+    "--disable-overlap-schedule", help="SGLang's non-overlap scheduler (default: overlap on, as SGLang; also for "
+    "--replay steps|timed).", rich_help_panel=_RAD)]
+ChunkedPrefillOpt = Annotated[Optional[int], typer.Option(
+    "--chunked-prefill-size", help="SGLang's chunk size (-1 off; default: SGLang's for --gpu, else 4096; also for "
+    "--replay steps|timed).", rich_help_panel=_RAD, show_default=False)]
+EvictionAmountOpt = Annotated[str, typer.Option(
+    "--eviction-amount", help="shortfall (SGLang 0.5.23: need - free) or need (older releases).",
+    rich_help_panel=_RAD)]
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The capacity and engine settings of one replay (the Capacity, Engine and radix options)."""
+
+    capacity: str | None = None
+    num_gpu_blocks: int | None = None
+    max_total_tokens: int | None = None
+    kv_cache_memory: str | None = None
+    model: str | None = None
+    gpu: str | None = None
+    gpu_memory_utilization: float = DEFAULT["gpu_memory_utilization"]
+    mem_fraction_static: float | None = None
+    block_size: int = DEFAULT["block_size"]
+    page_size: int = DEFAULT["page_size"]
+    eviction: str = DEFAULT["eviction_policy"]
+    engine_version: str | None = None
+    hash_algo: str = DEFAULT["hash_algo"]
+    radix_tree: str = DEFAULT["radix_tree"]
+    disable_overlap_schedule: bool = not DEFAULT["radix_overlap"]
+    chunked_prefill_size: int | None = None
+    eviction_amount: str = DEFAULT["radix_eviction_amount"]
+    radix: bool = True            # the command has the radix options (else they keep SGLang's defaults)
+
+    def sim_options(self, **extra):
+        """The SimOptions these settings describe; ``extra`` adds engine settings (``finish``)."""
+        radix = dict(radix_tree=self.radix_tree, overlap=not self.disable_overlap_schedule, **extra,
+                     eviction_amount=self.eviction_amount) if self.radix else dict(extra)
+        if self.chunked_prefill_size is not None:
+            radix["chunked_prefill_size"] = self.chunked_prefill_size
+        return sim_options(self.capacity, self.num_gpu_blocks, self.max_total_tokens, self.kv_cache_memory,
+                           self.model, self.gpu, self.gpu_memory_utilization, self.mem_fraction_static,
+                           block_size=self.block_size, page_size=self.page_size, eviction_policy=self.eviction,
+                           engine_version=self.engine_version, hash_algo=self.hash_algo, extra=radix)
+
+
+CAPACITY = Group("engine", {
+    "capacity": (CapacityOpt, None),
+    "num_gpu_blocks": (NumGpuBlocksOpt, None),
+    "max_total_tokens": (MaxTotalTokensOpt, None),
+    "kv_cache_memory": (KvCacheMemoryOpt, None),
+    "model": (ModelOpt, None),
+    "gpu": (GpuOpt, None),
+    "gpu_memory_utilization": (GpuUtilOpt, DEFAULT["gpu_memory_utilization"]),
+    "mem_fraction_static": (MemFractionOpt, None),
+    "block_size": (BlockSizeOpt, DEFAULT["block_size"]),
+    "page_size": (PageSizeOpt, DEFAULT["page_size"]),
+    "eviction": (EvictionOpt, DEFAULT["eviction_policy"]),
+    "engine_version": (EngineVersionOpt, None),
+}, lambda **values: EngineOptions(**values, radix=False))
+#: capacity, engine and radix settings (simulate, serve)
+ENGINE = Group("engine", {**CAPACITY.options,
+                          "hash_algo": (HashAlgoOpt, DEFAULT["hash_algo"]),
+                          "radix_tree": (RadixTreeOpt, DEFAULT["radix_tree"]),
+                          "disable_overlap_schedule": (NoOverlapOpt, not DEFAULT["radix_overlap"]),
+                          "chunked_prefill_size": (ChunkedPrefillOpt, None),
+                          "eviction_amount": (EvictionAmountOpt, DEFAULT["radix_eviction_amount"])},
+               EngineOptions)

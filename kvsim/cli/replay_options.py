@@ -94,3 +94,30 @@ def replay_mode(replay: str, arrival_from: str | None, step_seconds: float | Non
         return None
     return ReplayMode(replay, arrival_from, step_seconds, arrivals, speedup,
                       None if calibration is None else str(calibration), vllm, sglang)
+
+
+def _scheduler(max_num_seqs=None, max_num_batched_tokens=None, long_prefill_token_threshold=None,
+               scheduling_policy=None, async_scheduling=None, schedule_policy=None, max_prefill_tokens=None,
+               max_running_requests=None, random_seed=None) -> dict[str, dict]:
+    """The scheduler options, by whose scheduler reads them (ReplayMode's vllm / sglang)."""
+    return {"vllm": dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                         long_prefill_token_threshold=long_prefill_token_threshold, policy=scheduling_policy,
+                         async_scheduling=async_scheduling),
+            "sglang": dict(schedule_policy=schedule_policy, max_prefill_tokens=max_prefill_tokens,
+                           max_running_requests=max_running_requests, random_seed=random_seed)}
+
+
+from kvsim.cli.groups import Group  # noqa: E402
+
+#: the engines' scheduler options (simulate, serve)
+SCHEDULER = Group("scheduler", {
+    "max_num_seqs": (MaxNumSeqsOpt, None),
+    "max_num_batched_tokens": (MaxNumBatchedTokensOpt, None),
+    "long_prefill_token_threshold": (LongPrefillOpt, None),
+    "scheduling_policy": (SchedulingPolicyOpt, None),
+    "async_scheduling": (AsyncSchedulingOpt, None),
+    "schedule_policy": (SchedulePolicyOpt, None),
+    "max_prefill_tokens": (MaxPrefillTokensOpt, None),
+    "max_running_requests": (MaxRunningRequestsOpt, None),
+    "random_seed": (RandomSeedOpt, None),
+}, _scheduler)

@@ -6,13 +6,12 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from kvsim.cli.groups import with_groups
+from kvsim.cli.options import CAPACITY, INPUT, EngineOptions, LogInput
 from kvsim.cli.app import app, console, err_console
 from kvsim.cli.replay_options import SpeedupOpt
-from kvsim.cli.options import ANALYZE_DEFAULT, INPUT_DEFAULT, BlockSizesOpt, TopOpt
-from kvsim.cli.options import (DEFAULT, BlockSizeOpt, CapacityOpt, EngineVersionOpt, EvictionOpt, FormatOpt,
-                               GpuOpt, GpuUtilOpt, KvCacheMemoryOpt, LimitOpt, LogPaths, MaxTotalTokensOpt,
-                               MemFractionOpt, ModelOpt, NumGpuBlocksOpt, OnErrorOpt, PageSizeOpt, ShowTextOpt,
-                               TemplateOpt, TokenizerOpt, TraceBlockOpt, WarmupOpt, load_from_cli, sim_options)
+from kvsim.cli.options import ANALYZE_DEFAULT, BlockSizesOpt, TopOpt
+from kvsim.cli.options import LogPaths, ShowTextOpt, WarmupOpt
 
 _OUT = "Output"
 ConcurrentOpt = Annotated[bool, typer.Option(
@@ -40,6 +39,7 @@ def html_report(html: Path, trace: Any, logs: list[Path], options: Any = None, p
 
 
 @app.command()
+@with_groups(CAPACITY, INPUT)
 def report(
     logs: LogPaths,
     output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write (self-contained: images "
@@ -47,18 +47,6 @@ def report(
     png_dir: Annotated[Optional[Path], typer.Option(
         "--png-dir", help="Write the PNG charts into this folder (default: next to the HTML file, named "
         "<name>_<chart>.png).", rich_help_panel=_OUT, show_default=False)] = None,
-    capacity: CapacityOpt = None,
-    num_gpu_blocks: NumGpuBlocksOpt = None,
-    max_total_tokens: MaxTotalTokensOpt = None,
-    kv_cache_memory: KvCacheMemoryOpt = None,
-    model: ModelOpt = None,
-    gpu: GpuOpt = None,
-    gpu_memory_utilization: GpuUtilOpt = DEFAULT["gpu_memory_utilization"],
-    mem_fraction_static: MemFractionOpt = None,
-    block_size: BlockSizeOpt = DEFAULT["block_size"],
-    page_size: PageSizeOpt = DEFAULT["page_size"],
-    eviction: EvictionOpt = DEFAULT["eviction_policy"],
-    engine_version: EngineVersionOpt = None,
     block_sizes: BlockSizesOpt = ANALYZE_DEFAULT["block_sizes"],
     top: TopOpt = ANALYZE_DEFAULT["top"],
     show_text: ShowTextOpt = False,
@@ -75,12 +63,11 @@ def report(
     warmup: WarmupOpt = None,
     concurrent: ConcurrentOpt = True,
     speedup: SpeedupOpt = 1.0,
-    fmt: FormatOpt = INPUT_DEFAULT["format"],
-    tokenizer: TokenizerOpt = INPUT_DEFAULT["tokenizer"],
-    chat_template: TemplateOpt = INPUT_DEFAULT["chat_template"],
-    trace_block_size: TraceBlockOpt = INPUT_DEFAULT["trace_block_size"],
-    on_error: OnErrorOpt = INPUT_DEFAULT["on_error"],
-    limit: LimitOpt = None,
+    agreement: Annotated[bool, typer.Option(
+        "--agreement", help="The log is a record of kvsim serve --upstream: print where kvsim's predicted "
+        "cached_tokens agree with the server's, instead of the HTML page.", rich_help_panel=_OUT)] = False,
+    engine: EngineOptions = None,
+    log_input: LogInput = None,
 ) -> None:
     """Write an HTML report (plus PNG charts) of a prompt log: what a prefix cache would save.
 
@@ -96,15 +83,17 @@ def report(
     --calibration). Without a capacity option the report uses the KV needed for 90% of the
     upper bound. No prompt text unless --show-text.
 
-    A record of [bold]kvsim serve --upstream[/] gets the agreement report instead: kvsim's
-    predicted cached_tokens vs the server's, per request (--format tokens for the HTML page).
+    With [bold]--agreement[/], a record of [bold]kvsim serve --upstream[/] gets the agreement
+    report instead: kvsim's predicted cached_tokens vs the server's, per request.
     """
-    if fmt == "auto" and len(logs) == 1:
-        from kvsim.report.agreement import is_proxy_record, load_agreement, render_agreement
+    if agreement:
+        from kvsim.errors import ConfigError
+        from kvsim.report.agreement import load_agreement, render_agreement
 
-        if is_proxy_record(logs[0]):
-            render_agreement(console, load_agreement(logs[0]), top=top, show_text=show_text)
-            return
+        if len(logs) != 1:
+            raise ConfigError("--agreement compares one record of kvsim serve --upstream")
+        render_agreement(console, load_agreement(logs[0]), top=top, show_text=show_text)
+        return
     from kvsim.analyze.options import parse_block_sizes
     from kvsim.errors import ConfigError
     from kvsim.outputs import check_output_path
@@ -114,12 +103,10 @@ def report(
     window = parse_warmup(warmup)
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {jobs}")
-    sim = sim_options(capacity, num_gpu_blocks, max_total_tokens, kv_cache_memory, model, gpu,
-                      gpu_memory_utilization, mem_fraction_static, block_size=block_size, page_size=page_size,
-                      eviction_policy=eviction, engine_version=engine_version)
+    sim = engine.sim_options()
     calib = None
     if calibration is not None:
-        from kvsim.gpu.calibration import Calibration
+        from kvsim.costs.calibration import Calibration
 
         calib = Calibration.load(calibration)
     if gpu_results is not None:
@@ -128,9 +115,9 @@ def report(
         load_validation(gpu_results)  # a bad file fails before the log is read
     check_output_path(output, logs)
     options = ReportOptions(sim=sim, block_sizes=parse_block_sizes(block_sizes), top=top, show_text=show_text,
-                            model=model, calibration=calib, gpu_results=gpu_results, jobs=jobs, warmup=window,
+                            model=engine.model, calibration=calib, gpu_results=gpu_results, jobs=jobs, warmup=window,
                             concurrent=concurrent, speedup=speedup)
-    trace = load_from_cli(logs, fmt, tokenizer, chat_template, trace_block_size, on_error, limit)
+    trace = log_input.load(logs)
     html_report(output, trace, logs, options, png_dir=png_dir)
 
 

@@ -7,13 +7,12 @@ from typing import Annotated, Optional
 import typer
 
 from kvsim.cli.app import app, console
+from kvsim.cli.groups import with_groups
+from kvsim.cli.options import ENGINE, EngineOptions
+from kvsim.cli.replay_options import SCHEDULER
 from kvsim.cli.options import INPUT_DEFAULT
-from kvsim.cli.replay_options import (AsyncSchedulingOpt, CalibrationOpt, LongPrefillOpt, MaxNumBatchedTokensOpt,
-                                      MaxNumSeqsOpt, MaxPrefillTokensOpt, MaxRunningRequestsOpt, RandomSeedOpt,
-                                      SchedulePolicyOpt, SchedulingPolicyOpt, ServeReplayOpt, replay_mode)
-from kvsim.cli.options import (DEFAULT, BlockSizeOpt, CapacityOpt, EngineVersionOpt, EvictionOpt, GpuOpt,
-                               GpuUtilOpt, KvCacheMemoryOpt, MaxTotalTokensOpt, MemFractionOpt, ModelOpt,
-                               NumGpuBlocksOpt, PageSizeOpt, TemplateOpt, TokenizerOpt, sim_options)
+from kvsim.cli.replay_options import CalibrationOpt, ServeReplayOpt, replay_mode
+from kvsim.cli.options import TemplateOpt, TokenizerOpt
 
 _SRV = "Server"
 _REC = "Record and proxy"
@@ -22,48 +21,15 @@ _ENG = "Engine settings"
 
 
 @app.command()
+@with_groups(SCHEDULER, ENGINE)
 def serve(
     policy: Annotated[str, typer.Option("--policy", "-p", help="apc (vLLM APC) or radix (SGLang RadixAttention).")]
     = "apc",
     replay: ServeReplayOpt = "sequential",
     calibration: CalibrationOpt = None,
-    max_num_seqs: MaxNumSeqsOpt = None,
-    max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
-    long_prefill_token_threshold: LongPrefillOpt = None,
-    scheduling_policy: SchedulingPolicyOpt = None,
-    async_scheduling: AsyncSchedulingOpt = None,
-    schedule_policy: SchedulePolicyOpt = None,
-    max_prefill_tokens: MaxPrefillTokensOpt = None,
-    max_running_requests: MaxRunningRequestsOpt = None,
-    random_seed: RandomSeedOpt = None,
-    capacity: CapacityOpt = None,
-    num_gpu_blocks: NumGpuBlocksOpt = None,
-    max_total_tokens: MaxTotalTokensOpt = None,
-    kv_cache_memory: KvCacheMemoryOpt = None,
-    model: ModelOpt = None,
-    gpu: GpuOpt = None,
-    gpu_memory_utilization: GpuUtilOpt = DEFAULT["gpu_memory_utilization"],
-    mem_fraction_static: MemFractionOpt = None,
-    block_size: BlockSizeOpt = DEFAULT["block_size"],
-    page_size: PageSizeOpt = DEFAULT["page_size"],
-    eviction: EvictionOpt = DEFAULT["eviction_policy"],
-    engine_version: EngineVersionOpt = None,
     implementation: Annotated[str, typer.Option(
         "--implementation", help="fast (default: simulate's engines, the same answers sooner) or reference "
         "(the readable models, step by step).", rich_help_panel=_ENG)] = "fast",
-    hash_algo: Annotated[str, typer.Option("--hash-algo", help="APC block hash: fast, sha256 or sha256_cbor.",
-                                           rich_help_panel=_ENG)] = DEFAULT["hash_algo"],
-    radix_tree: Annotated[str, typer.Option("--radix-tree", help="SGLang tree: unified or classic.",
-                                            rich_help_panel=_RAD)] = DEFAULT["radix_tree"],
-    disable_overlap_schedule: Annotated[bool, typer.Option(
-        "--disable-overlap-schedule", help="SGLang's non-overlap scheduler.",
-        rich_help_panel=_RAD)] = not DEFAULT["radix_overlap"],
-    chunked_prefill_size: Annotated[Optional[int], typer.Option(
-        "--chunked-prefill-size", help="SGLang's chunk size (-1 off; default: SGLang's for --gpu, else 4096).",
-        rich_help_panel=_RAD, show_default=False)] = None,
-    eviction_amount: Annotated[str, typer.Option(
-        "--eviction-amount", help="shortfall (SGLang 0.5.23) or need (older releases).",
-        rich_help_panel=_RAD)] = DEFAULT["radix_eviction_amount"],
     finish: Annotated[str, typer.Option("--finish", help="How synthetic replies end: length (at max_tokens) or "
                                         "stop (with the template's end-of-turn token).")] = "length",
     tokenizer: TokenizerOpt = INPUT_DEFAULT["tokenizer"],
@@ -102,6 +68,8 @@ def serve(
         "(default: the client's, unchanged).", rich_help_panel=_REC, show_default=False)] = None,
     upstream_timeout: Annotated[float, typer.Option("--upstream-timeout", help="Seconds to wait for the upstream.",
                                                     rich_help_panel=_REC)] = 600.0,
+    scheduler: dict = None,
+    engine: EngineOptions = None,
 ) -> None:
     """Serve an OpenAI-compatible API whose usage.prompt_tokens_details.cached_tokens is the cache model's.
 
@@ -114,7 +82,7 @@ def serve(
     preemption) and each reply takes its modelled time. [bold]--record[/] writes a log that
     [bold]kvsim simulate[/] replays to the same numbers; [bold]--upstream[/] forwards to a
     real server instead and records its cached_tokens beside kvsim's prediction
-    ([bold]kvsim report RECORD.jsonl[/] compares them). Metrics at /metrics use the
+    ([bold]kvsim report RECORD.jsonl --agreement[/] compares them). Metrics at /metrics use the
     engine's own names.
     """
     from kvsim.errors import ConfigError
@@ -125,21 +93,8 @@ def serve(
         raise ConfigError(f"unknown --replay {replay!r} for serve; choose sequential or timed")
     if calibration is not None and replay == "sequential":
         raise ConfigError("--calibration needs --replay timed")
-    mode = replay_mode(
-        replay, None, None, "logged", 1.0, calibration,
-        vllm=dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                  long_prefill_token_threshold=long_prefill_token_threshold, policy=scheduling_policy,
-                  async_scheduling=async_scheduling),
-        sglang=dict(schedule_policy=schedule_policy,
-                    max_prefill_tokens=max_prefill_tokens, max_running_requests=max_running_requests,
-                    random_seed=random_seed))
-
-    options = sim_options(
-        capacity, num_gpu_blocks, max_total_tokens, kv_cache_memory, model, gpu, gpu_memory_utilization,
-        mem_fraction_static, block_size=block_size, page_size=page_size, eviction_policy=eviction,
-        engine_version=engine_version, hash_algo=hash_algo,
-        extra=dict(radix_tree=radix_tree, overlap=not disable_overlap_schedule, eviction_amount=eviction_amount,
-                   **({} if chunked_prefill_size is None else {"chunked_prefill_size": chunked_prefill_size})))
+    mode = replay_mode(replay, None, None, "logged", 1.0, calibration, **scheduler)
+    options = engine.sim_options()
     config = ServeConfig(
         policy=policy, implementation=implementation, options=options, tokenizer=tokenizer, chat_template=chat_template,
         served_model_name=served_model_name, lora_modules=parse_lora_modules(lora_modules),

@@ -7,15 +7,10 @@ from typing import Annotated, Optional
 import typer
 
 from kvsim.cli.app import app, console
-from kvsim.cli.options import INPUT_DEFAULT
-from kvsim.cli.options import (DEFAULT, BlockSizeOpt, CapacityOpt, EngineVersionOpt, EvictionOpt, FormatOpt,
-                               GpuOpt, GpuUtilOpt, KvCacheMemoryOpt, LimitOpt, LogPaths, MaxTotalTokensOpt,
-                               MemFractionOpt, ModelOpt, NumGpuBlocksOpt, OnErrorOpt, PageSizeOpt, PolicyOpt,
-                               TemplateOpt, TokenizerOpt, TraceBlockOpt, WarmupOpt, load_from_cli, sim_options)
-from kvsim.cli.replay_options import (ArrivalFromOpt, ArrivalsOpt, AsyncSchedulingOpt, LongPrefillOpt,
-                                      MaxNumBatchedTokensOpt, MaxNumSeqsOpt, MaxPrefillTokensOpt,
-                                      MaxRunningRequestsOpt, RandomSeedOpt, ReplayOpt, SchedulePolicyOpt,
-                                      SchedulingPolicyOpt, SpeedupOpt, StepSecondsOpt, replay_mode)
+from kvsim.cli.groups import with_groups
+from kvsim.cli.options import ENGINE, INPUT, DEFAULT, EngineOptions, LogInput, LogPaths, PolicyOpt, WarmupOpt
+from kvsim.cli.replay_options import (SCHEDULER, ArrivalFromOpt, ArrivalsOpt, ReplayOpt, SpeedupOpt, StepSecondsOpt,
+                                      replay_mode)
 
 _ENG = "Engine settings"
 _OUT = "Output"
@@ -23,6 +18,7 @@ _RAD = "SGLang radix settings"
 
 
 @app.command()
+@with_groups(SCHEDULER, ENGINE, INPUT)
 def simulate(
     logs: LogPaths,
     policy: PolicyOpt = "apc",
@@ -31,48 +27,10 @@ def simulate(
     step_seconds: StepSecondsOpt = None,
     arrivals: ArrivalsOpt = "logged",
     speedup: SpeedupOpt = 1.0,
-    max_num_seqs: MaxNumSeqsOpt = None,
-    max_num_batched_tokens: MaxNumBatchedTokensOpt = None,
-    long_prefill_token_threshold: LongPrefillOpt = None,
-    scheduling_policy: SchedulingPolicyOpt = None,
-    async_scheduling: AsyncSchedulingOpt = None,
-    schedule_policy: SchedulePolicyOpt = None,
-    max_prefill_tokens: MaxPrefillTokensOpt = None,
-    max_running_requests: MaxRunningRequestsOpt = None,
-    random_seed: RandomSeedOpt = None,
-    capacity: CapacityOpt = None,
-    num_gpu_blocks: NumGpuBlocksOpt = None,
-    max_total_tokens: MaxTotalTokensOpt = None,
-    kv_cache_memory: KvCacheMemoryOpt = None,
-    model: ModelOpt = None,
-    gpu: GpuOpt = None,
-    gpu_memory_utilization: GpuUtilOpt = DEFAULT["gpu_memory_utilization"],
-    mem_fraction_static: MemFractionOpt = None,
-    block_size: BlockSizeOpt = DEFAULT["block_size"],
-    page_size: PageSizeOpt = DEFAULT["page_size"],
-    eviction: EvictionOpt = DEFAULT["eviction_policy"],
-    engine_version: EngineVersionOpt = None,
-    hash_algo: Annotated[str, typer.Option("--hash-algo", help="APC block hash: fast, sha256 or sha256_cbor "
-                                           "(the last two reproduce vLLM's hash bytes).",
-                                           rich_help_panel=_ENG)] = DEFAULT["hash_algo"],
     concurrency: Annotated[int, typer.Option("--concurrency", help="Retired: use --replay steps|timed.",
                                              rich_help_panel=_ENG, hidden=True)] = 1,
-    radix_tree: Annotated[str, typer.Option("--radix-tree", help="SGLang tree: unified (what a default 0.5.23 "
-                                            "server builds) or classic (RadixCache).",
-                                            rich_help_panel=_RAD)] = DEFAULT["radix_tree"],
-    disable_overlap_schedule: Annotated[bool, typer.Option(
-        "--disable-overlap-schedule", help="SGLang's non-overlap scheduler (default: overlap on, as SGLang; "
-        "also for --replay steps|timed).",
-        rich_help_panel=_RAD)] = not DEFAULT["radix_overlap"],
-    chunked_prefill_size: Annotated[Optional[int], typer.Option(
-        "--chunked-prefill-size", help="SGLang's chunk size (-1 off; default: SGLang's for --gpu, else 4096; "
-        "also for --replay steps|timed).",
-        rich_help_panel=_RAD, show_default=False)] = None,
     finish: Annotated[str, typer.Option("--finish", help="How replies end: length (at the logged length) or "
                                         "stop (a stop token).", rich_help_panel=_RAD)] = DEFAULT["radix_finish"],
-    eviction_amount: Annotated[str, typer.Option(
-        "--eviction-amount", help="shortfall (SGLang 0.5.23: need - free) or need (older releases).",
-        rich_help_panel=_RAD)] = DEFAULT["radix_eviction_amount"],
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the summary as JSON.",
                                                      rich_help_panel=_OUT, show_default=False)] = None,
     per_request: Annotated[Optional[Path], typer.Option(
@@ -86,12 +44,9 @@ def simulate(
         "--html", help="Also write the HTML report at this capacity (PNGs next to it), as kvsim report.",
         rich_help_panel=_OUT, show_default=False)] = None,
     warmup: WarmupOpt = None,
-    fmt: FormatOpt = INPUT_DEFAULT["format"],
-    tokenizer: TokenizerOpt = INPUT_DEFAULT["tokenizer"],
-    chat_template: TemplateOpt = INPUT_DEFAULT["chat_template"],
-    trace_block_size: TraceBlockOpt = INPUT_DEFAULT["trace_block_size"],
-    on_error: OnErrorOpt = INPUT_DEFAULT["on_error"],
-    limit: LimitOpt = None,
+    scheduler: dict = None,
+    engine: EngineOptions = None,
+    log_input: LogInput = None,
 ) -> None:
     """Replay a prompt log through faithful models of vLLM APC and SGLang RadixAttention.
 
@@ -114,28 +69,12 @@ def simulate(
     parse_warmup(warmup)
     if concurrency != 1:
         raise ConfigError("--concurrency is retired: use --replay steps or --replay timed")
-    mode = replay_mode(
-        replay, arrival_from, step_seconds, arrivals, speedup, calibration,
-        vllm=dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                  long_prefill_token_threshold=long_prefill_token_threshold, policy=scheduling_policy,
-                  async_scheduling=async_scheduling),
-        sglang=dict(schedule_policy=schedule_policy,
-                    max_prefill_tokens=max_prefill_tokens, max_running_requests=max_running_requests,
-                    random_seed=random_seed))
-    options = sim_options(
-        capacity, num_gpu_blocks, max_total_tokens, kv_cache_memory, model, gpu, gpu_memory_utilization,
-        mem_fraction_static, block_size=block_size, page_size=page_size, eviction_policy=eviction,
-        engine_version=engine_version, hash_algo=hash_algo,
-        extra=dict(radix_tree=radix_tree, overlap=not disable_overlap_schedule, finish=finish,
-                   eviction_amount=eviction_amount,
-                   **({} if chunked_prefill_size is None else {"chunked_prefill_size": chunked_prefill_size})),
-    )
+    mode = replay_mode(replay, arrival_from, step_seconds, arrivals, speedup, calibration, **scheduler)
+    options = engine.sim_options(finish=finish)
     if mode is not None:
         from kvsim.cli.simulate_concurrent import simulate_concurrent
 
-        simulate_concurrent(logs, names, options, mode, json_out, per_request, html, warmup,
-                            dict(fmt=fmt, tokenizer=tokenizer, chat_template=chat_template,
-                                 trace_block_size=trace_block_size, on_error=on_error, limit=limit))
+        simulate_concurrent(logs, names, options, mode, json_out, per_request, html, warmup, log_input)
         return
     _check_settings(names, options)  # fail on bad settings before reading a large log
     for out in (json_out, per_request, html):
@@ -143,10 +82,10 @@ def simulate(
             check_output_path(out, logs)
     calib = None
     if calibration is not None:
-        from kvsim.gpu.calibration import Calibration
+        from kvsim.costs.calibration import Calibration
 
         calib = Calibration.load(calibration)
-    trace = load_from_cli(logs, fmt, tokenizer, chat_template, trace_block_size, on_error, limit)
+    trace = log_input.load(logs)
     runs = run_simulation(trace, names, options, progress=True)
     window = apply_warmup(runs, len(trace), warmup)
     render_simulation(console, trace, runs, options, calibration=calib)

@@ -5,13 +5,12 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from kvsim.cli.app import console
-from kvsim.cli.options import load_from_cli
 
 PROGRESS_MIN_REQUESTS = 500
 
 
 def simulate_concurrent(logs: list[Path], names: list[str], options, mode, json_out: Path | None,
-                        per_request: Path | None, html: Path | None, warmup: str | None, load: dict) -> None:
+                        per_request: Path | None, html: Path | None, warmup: str | None, log_input) -> None:
     """Check the options, read the log, replay each policy's scheduler, print and write the results."""
     from kvsim.errors import ConfigError
     from kvsim.outputs import check_output_path
@@ -30,8 +29,7 @@ def simulate_concurrent(logs: list[Path], names: list[str], options, mode, json_
     for out in (json_out, per_request):
         if out is not None:
             check_output_path(out, logs)
-    trace = load_from_cli(logs, load["fmt"], load["tokenizer"], load["chat_template"], load["trace_block_size"],
-                          load["on_error"], load["limit"])
+    trace = log_input.load(logs)
     bars = None
     if len(trace) >= PROGRESS_MIN_REQUESTS:
         from kvsim.render.progress import Bars

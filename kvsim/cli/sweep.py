@@ -6,35 +6,18 @@ from typing import Annotated, Optional
 
 import typer
 
+from kvsim.cli.groups import with_groups
+from kvsim.cli.options import INPUT, LogInput
 from kvsim.cli.app import app, console
 from kvsim.cli.replay_options import ArrivalFromOpt, ArrivalsOpt, ReplayOpt, SpeedupOpt, StepSecondsOpt
-from kvsim.cli.options import INPUT_DEFAULT
-from kvsim.cli.options import (
-    DEFAULT,
-    BlockSizeListOpt,
-    CapacityListOpt,
-    EngineVersionOpt,
-    EvictionListOpt,
-    FormatOpt,
-    GpuOpt,
-    LimitOpt,
-    LogPaths,
-    ModelOpt,
-    OnErrorOpt,
-    PageSizeListOpt,
-    PolicyOpt,
-    TemplateOpt,
-    TokenizerOpt,
-    TraceBlockOpt,
-    WarmupOpt,
-    load_from_cli,
-)
+from kvsim.cli.options import (DEFAULT, BlockSizeListOpt, CapacityListOpt, EngineVersionOpt, EvictionListOpt, GpuOpt, LogPaths, ModelOpt, PageSizeListOpt, PolicyOpt, WarmupOpt)
 
 _RUN = "Execution"
 _OUT = "Output"
 
 
 @app.command()
+@with_groups(INPUT)
 def sweep(
     logs: LogPaths,
     capacity: CapacityListOpt,
@@ -73,12 +56,7 @@ def sweep(
     calibration: Annotated[Optional[Path], typer.Option(
         "--calibration", help="--replay timed: a gpu-validate calibration JSON as the step cost.",
         rich_help_panel="Concurrent replay (--replay steps|timed)", show_default=False)] = None,
-    fmt: FormatOpt = INPUT_DEFAULT["format"],
-    tokenizer: TokenizerOpt = INPUT_DEFAULT["tokenizer"],
-    chat_template: TemplateOpt = INPUT_DEFAULT["chat_template"],
-    trace_block_size: TraceBlockOpt = INPUT_DEFAULT["trace_block_size"],
-    on_error: OnErrorOpt = INPUT_DEFAULT["on_error"],
-    limit: LimitOpt = None,
+    log_input: LogInput = None,
 ) -> None:
     """Replay a log at every combination of capacity, block/page size and policy.
 
@@ -126,7 +104,7 @@ def sweep(
     from kvsim.sweep.run import sweep as run
     from kvsim.sweep.run import sweep_json
 
-    trace = load_from_cli(logs, fmt, tokenizer, chat_template, trace_block_size, on_error, limit)
+    trace = log_input.load(logs)
     if under_load is not None:
         from kvsim.drive.concurrent import releases_for
 

@@ -28,8 +28,8 @@ from functools import cached_property
 import numpy as np
 
 from kvsim.errors import ConfigError
-from kvsim.gpu.calibration import Calibration, attention_pairs
-from kvsim.gpu.roofline import DevicePeak, device_peak
+from kvsim.costs.calibration import Calibration, attention_pairs
+from kvsim.costs.roofline import DevicePeak, device_peak
 from kvsim.models import ModelShape, get_model
 
 

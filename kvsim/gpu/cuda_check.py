@@ -92,7 +92,9 @@ def speed(device, page: int = 16, shapes=tuple(SPEED_SHAPES), model: str = "llam
     import torch
     import torch.nn.functional as F
 
-    from kvsim.gpu import kernels, roofline
+    from kvsim.gpu import kernels
+
+    from kvsim.costs import roofline
     from kvsim.gpu.configs import CONFIGS
     from kvsim.gpu.reference import write_kv_ref
 
@@ -168,7 +170,7 @@ def run_checks(out: Path, dry_run: bool = False) -> int:
         t2 = time.perf_counter()
     import triton
 
-    from kvsim.gpu import roofline
+    from kvsim.costs import roofline
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)"
     peak = roofline.device_peak(name)

@@ -27,8 +27,8 @@ import numpy as np
 
 from kvsim.engines.base import Request
 from kvsim.errors import ConfigError, KvsimError
-from kvsim.gpu import roofline
-from kvsim.gpu.calibration import Calibration, fit_calibration
+from kvsim.costs import roofline
+from kvsim.costs.calibration import Calibration, fit_calibration
 from kvsim.gpu.configs import LlamaConfig, get_config
 from kvsim.io.trace.columns import Trace
 from kvsim.engines.options import SimOptions

@@ -91,16 +91,6 @@ class Agreement:
         }
 
 
-def is_proxy_record(path: Path) -> bool:
-    """Does the file's first record come from ``kvsim serve --upstream``?"""
-    try:
-        for _, rec in Source(Path(path)).records():
-            return isinstance(rec, dict) and isinstance(rec.get("kvsim"), dict) and isinstance(rec.get("upstream"), dict)
-    except (InputError, OSError):
-        return False
-    return False
-
-
 def load_agreement(path: Path) -> Agreement:
     """Read a proxy record; a line that is not one is an InputError (file, line, problem)."""
     path = Path(path)

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 def load_validation(path: str | Path):
     """Read ``gpu_validate.json`` (written by ``kvsim gpu-validate``) into a ValidationResult."""
-    from kvsim.gpu.calibration import SCHEMA, Calibration
-    from kvsim.gpu.roofline import DevicePeak
+    from kvsim.costs.calibration import SCHEMA, Calibration
+    from kvsim.costs.roofline import DevicePeak
     from kvsim.gpu.validate import RequestCheck, ValidationResult
 
     path = Path(path)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Any
+
 import numpy as np
 
-from kvsim.gpu.configs import LlamaConfig
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def attention_pairs(new_tokens, cached_tokens):
     return new_tokens * cached_tokens + new_tokens * (new_tokens + 1) / 2
 
 
-def prefill_flops(cfg: LlamaConfig, new_tokens, cached_tokens):
+def prefill_flops(cfg: Any, new_tokens, cached_tokens):
     """Matmul FLOPs of prefilling ``new_tokens`` after ``cached_tokens`` (works on arrays)."""
     linear = 2.0 * cfg.num_layers * cfg.linear_params_per_layer * new_tokens
     attention = 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * attention_pairs(new_tokens, cached_tokens)
@@ -68,19 +69,19 @@ def prefill_flops(cfg: LlamaConfig, new_tokens, cached_tokens):
     return linear + attention + lm_head
 
 
-def prefill_bytes(cfg: LlamaConfig, new_tokens, cached_tokens, dtype_bytes: int):
+def prefill_bytes(cfg: Any, new_tokens, cached_tokens, dtype_bytes: int):
     """Device-memory bytes: weights once, context KV read once, new KV written once."""
     weights = (cfg.num_layers * cfg.linear_params_per_layer + cfg.vocab_size * cfg.hidden_size) * dtype_bytes
     kv = cfg.kv_elements_per_token() * dtype_bytes
     return weights + kv * (cached_tokens + new_tokens) + kv * new_tokens
 
 
-def attention_flops(cfg: LlamaConfig, new_tokens, cached_tokens, layers: int = 1):
+def attention_flops(cfg: Any, new_tokens, cached_tokens, layers: int = 1):
     """FLOPs of the attention kernel alone (QK and PV) for ``layers`` layers."""
     return 4.0 * layers * cfg.num_heads * cfg.head_dim * attention_pairs(new_tokens, cached_tokens)
 
 
-def attention_bytes(cfg: LlamaConfig, new_tokens, cached_tokens, dtype_bytes: int, layers: int = 1):
+def attention_bytes(cfg: Any, new_tokens, cached_tokens, dtype_bytes: int, layers: int = 1):
     """Bytes the attention kernel must move: Q in, output out, context K/V read once."""
     q_and_out = 2 * new_tokens * cfg.num_heads * cfg.head_dim
     kv = 2 * (cached_tokens + new_tokens) * cfg.num_kv_heads * cfg.head_dim
