@@ -1,8 +1,9 @@
 """Deterministic synthetic workloads for ``kvsim generate``.
 
-One module per scenario (``code_review``, ``support_chat``, ``rag``, ``multi_tenant``,
-``multi_lora``, ``volatile_prefix``, ``mixture``), a registry, shared text and arrival
-helpers, and a writer for chat-log (format 1) and pre-tokenized (format 3) JSONL::
+One module per scenario (``code_review``, which also builds ``volatile_prefix``,
+``support_chat``, ``rag``, ``multi_tenant``, ``multi_lora``, ``mixture``), a registry of
+them with their options, shared text and arrival helpers, and a writer for chat-log
+(format 1) and pre-tokenized (format 3) JSONL::
 
     from kvsim.workloads import generate, write_requests
     requests = generate("support_chat", seed=0, sessions=10, turns=4)

@@ -3,19 +3,24 @@ Markov-modulated Poisson process: quiet periods and bursts at several times the 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from kvsim.workloads.rng import Rng
 
 
-def poisson_times(rng: Rng, n: int, rate: float, start: float = 0.0) -> list[float]:
-    """``n`` arrival times of a Poisson process with ``rate`` per second."""
-    times: list[float] = []
+def poisson_stream(rng: Rng, n: int, rate: float, start: float = 0.0) -> Iterator[float]:
+    """``n`` arrival times of a Poisson process with ``rate`` per second, each drawn only
+    when asked for: what the caller draws between two arrivals keeps its place in ``rng``."""
     t = start
     for _ in range(n):
         t += rng.expo(rate)
-        times.append(t)
-    return times
+        yield t
+
+
+def poisson_times(rng: Rng, n: int, rate: float, start: float = 0.0) -> list[float]:
+    """``n`` arrival times of a Poisson process with ``rate`` per second."""
+    return list(poisson_stream(rng, n, rate, start))
 
 
 @dataclass

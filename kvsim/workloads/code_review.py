@@ -4,15 +4,18 @@ Every request sends the same reviewer system prompt (a few thousand tokens) and 
 snippet to review; about one review in seven gets a follow-up question that resends the
 conversation so far (system, snippet, the review, the question) — the seed article's
 "request C".
+
+(g) Volatile prefix (:func:`build_volatile`): the same workload, but the app writes "Today is
+<time>. Request ID: <id>." at the very start of the system prompt, so no two requests share
+more than the chat template's header — the mistake the analyzer must point out.
 """
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
 from kvsim.workloads import code, words
-from kvsim.workloads.params import Params
-from kvsim.workloads.record import ChatRequest, finalize, msg
-from kvsim.workloads.registry import Scenario
+from kvsim.workloads.record import ChatRequest, answered, finalize, msg
+from kvsim.workloads.registry import Params
 from kvsim.workloads.rng import Rng
 from kvsim.workloads.text import TextGen, approx_tokens, fill
 
@@ -135,29 +138,22 @@ def build(p: Params, rng: Rng, volatile: bool = False, prefix: str = "cr") -> li
         conversation += 1
         user, lang = review_request(draw)
         first_reply = review_reply(draw, lang, draw.lognormal_int(260, 0.4, 40, REPLY_CAP))
-        first_len = approx_tokens(first_reply)
         sys_first = (_volatile_line(t, draw) + system) if volatile else system
-        first = ChatRequest(messages=[msg("system", sys_first), msg("user", user)],
-                            response=first_reply, output_length=first_len, max_tokens=MAX_TOKENS,
-                            timestamp=t, session_id=session, model=p.model)
+        first = answered([msg("system", sys_first), msg("user", user)], first_reply,
+                         max_tokens=MAX_TOKENS, timestamp=t, model=p.model, session_id=session)
         out.append(first)
         if len(out) < p.requests and draw.chance(FOLLOWUP_SHARE):
             # The follow-up resends the history: system, snippet, the review, a question.
-            t_follow = t + 0.02 * first_len + draw.lognormal_int(40, 0.6, 8, 600)
+            t_follow = t + 0.02 * first.output_length + draw.lognormal_int(40, 0.6, 8, 600)
             question = draw.choice(_FOLLOWUPS).format(k=draw.between(1, 3))
             sys_follow = (_volatile_line(t_follow, draw) + system) if volatile else system
             follow_reply = review_reply(draw, lang, draw.lognormal_int(200, 0.4, 30, REPLY_CAP))
-            out.append(ChatRequest(
-                messages=[msg("system", sys_follow), msg("user", user),
-                          msg("assistant", first_reply), msg("user", question)],
-                response=follow_reply, output_length=approx_tokens(follow_reply),
-                max_tokens=MAX_TOKENS, timestamp=t_follow, session_id=session, model=p.model))
+            history = [msg("system", sys_follow), msg("user", user), msg("assistant", first_reply)]
+            out.append(answered(history + [msg("user", question)], follow_reply, max_tokens=MAX_TOKENS,
+                                timestamp=t_follow, model=p.model, session_id=session))
     return finalize(out, prefix)
 
 
-SCENARIO = Scenario(
-    name="code_review",
-    summary="long shared system prompt, short varied code snippets to review",
-    build=build,
-    defaults={"requests": 200, "rate": 2.0, "system_tokens": 3000},
-)
+def build_volatile(p: Params, rng: Rng) -> list[ChatRequest]:
+    """(g) Volatile prefix: :func:`build` with the time and a request id opening the prompt."""
+    return build(p, rng, volatile=True, prefix="vol")

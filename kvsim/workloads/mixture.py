@@ -11,12 +11,10 @@ from dataclasses import replace
 
 from kvsim.errors import ConfigError
 from kvsim.workloads.arrivals import BurstEnvelope
-from kvsim.workloads.params import Params
 from kvsim.workloads.record import ChatRequest, round_time
-from kvsim.workloads.registry import Scenario, get_scenario, resolve
+from kvsim.workloads.registry import DEFAULT_MIX, Params, get_scenario, resolve
 from kvsim.workloads.rng import Rng
 
-DEFAULT_MIX = "code_review=0.25,support_chat=0.3,rag=0.2,multi_tenant=0.15,multi_lora=0.1"
 # Options passed through to the components that take them.
 _PASS_THROUGH = ("turns", "tenants", "adapters", "system_tokens", "doc_tokens", "popular_last")
 
@@ -97,13 +95,3 @@ def build(p: Params, rng: Rng) -> list[ChatRequest]:
             merged.append((round_time(new_t), order, i, r.with_(timestamp=round_time(new_t))))
     merged.sort(key=lambda item: item[:3])
     return [item[3] for item in merged]
-
-
-SCENARIO = Scenario(
-    name="mixture",
-    summary="a mix of the above with bursty Poisson arrivals",
-    build=build,
-    defaults={"requests": 500, "rate": 1.0, "mix": DEFAULT_MIX, "burstiness": 5.0,
-              "turns": None, "tenants": None, "adapters": None, "system_tokens": None,
-              "doc_tokens": None, "popular_last": None},
-)

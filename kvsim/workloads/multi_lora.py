@@ -9,9 +9,8 @@ from __future__ import annotations
 import string
 
 from kvsim.workloads import support_chat, words
-from kvsim.workloads.params import Params
-from kvsim.workloads.record import ChatRequest, finalize, msg
-from kvsim.workloads.registry import Scenario
+from kvsim.workloads.record import ChatRequest, Turn, single_turns
+from kvsim.workloads.registry import Params
 from kvsim.workloads.rng import Rng, zipf_weights
 from kvsim.workloads.text import TextGen, approx_tokens
 
@@ -76,29 +75,16 @@ def task_reply(rng: Rng, task: int) -> str:
 
 
 def build(p: Params, rng: Rng, prefix: str = "lora") -> list[ChatRequest]:
-    assert p.requests is not None and p.rate is not None and p.adapters is not None
-    assert p.system_tokens is not None
+    assert p.requests is not None and p.adapters is not None and p.system_tokens is not None
     prompts = base_prompts(rng.fork("system"), p.system_tokens)
     adapters = adapter_names(p.adapters)
     adapter_weights = zipf_weights(len(adapters), 0.7)
     pool = tickets(rng.fork("tickets"), max(8, p.requests // 3))
-    draw = rng.fork("requests")
-    out: list[ChatRequest] = []
-    t = 0.0
-    for _ in range(p.requests):
-        t += draw.expo(p.rate)
+
+    def turn(draw: Rng) -> Turn:
         adapter = draw.weighted(adapters, adapter_weights)
         task = draw.below(len(prompts))
         reply = task_reply(draw, task)
-        out.append(ChatRequest(messages=[msg("system", prompts[task]), msg("user", draw.choice(pool))],
-                               response=reply, output_length=approx_tokens(reply),
-                               max_tokens=MAX_TOKENS, timestamp=t, lora=adapter, model=p.model))
-    return finalize(out, prefix)
+        return Turn(prompts[task], draw.choice(pool), reply, {"lora": adapter})
 
-
-SCENARIO = Scenario(
-    name="multi_lora",
-    summary="teams use their own LoRA adapter on the same base prompts",
-    build=build,
-    defaults={"requests": 300, "adapters": 3, "rate": 2.0, "system_tokens": 600},
-)
+    return single_turns(p, rng.fork("requests"), prefix, MAX_TOKENS, turn)

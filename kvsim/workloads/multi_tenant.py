@@ -5,9 +5,8 @@ shared FAQ pool, so identical prompts recur across tenants: what isolation costs
 from __future__ import annotations
 
 from kvsim.workloads import words
-from kvsim.workloads.params import Params
-from kvsim.workloads.record import ChatRequest, finalize, msg
-from kvsim.workloads.registry import Scenario
+from kvsim.workloads.record import ChatRequest, Turn, single_turns
+from kvsim.workloads.registry import Params
 from kvsim.workloads.rng import Rng, zipf_weights
 from kvsim.workloads.text import TextGen, approx_tokens
 
@@ -69,29 +68,16 @@ def answer(rng: Rng, tokens: int) -> str:
 
 
 def build(p: Params, rng: Rng, prefix: str = "mt") -> list[ChatRequest]:
-    assert p.requests is not None and p.rate is not None and p.tenants is not None
-    assert p.system_tokens is not None
+    assert p.tenants is not None and p.system_tokens is not None
     system = system_prompt(rng.fork("system"), p.system_tokens)
     tenants = tenant_names(p.tenants)
     tenant_weights = zipf_weights(len(tenants), 0.8)  # a few large tenants, a long tail
     faq_weights = zipf_weights(len(_FAQ), 1.0)
-    draw = rng.fork("requests")
-    out: list[ChatRequest] = []
-    t = 0.0
-    for _ in range(p.requests):
-        t += draw.expo(p.rate)
+
+    def turn(draw: Rng) -> Turn:
         tenant = draw.weighted(tenants, tenant_weights)
         user = draw.weighted(_FAQ, faq_weights) if draw.chance(FAQ_SHARE) else task(draw)
         reply = answer(draw, draw.lognormal_int(160, 0.5, 20, MAX_TOKENS - 60))
-        out.append(ChatRequest(messages=[msg("system", system), msg("user", user)], response=reply,
-                               output_length=approx_tokens(reply), max_tokens=MAX_TOKENS,
-                               timestamp=t, tenant=tenant, cache_salt=salt_of(tenant), model=p.model))
-    return finalize(out, prefix)
+        return Turn(system, user, reply, {"tenant": tenant, "cache_salt": salt_of(tenant)})
 
-
-SCENARIO = Scenario(
-    name="multi_tenant",
-    summary="tenants share a system prompt, each with its own cache_salt",
-    build=build,
-    defaults={"requests": 300, "tenants": 4, "rate": 3.0, "system_tokens": 1500},
-)
+    return single_turns(p, rng.fork("requests"), prefix, MAX_TOKENS, turn)

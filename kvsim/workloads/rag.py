@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvsim.workloads import words
-from kvsim.workloads.params import Params
-from kvsim.workloads.record import ChatRequest, finalize, msg
-from kvsim.workloads.registry import Scenario
+from kvsim.workloads.record import ChatRequest, Turn, single_turns
+from kvsim.workloads.registry import Params
 from kvsim.workloads.rng import Rng, zipf_weights
 from kvsim.workloads.text import TextGen, approx_tokens
 
@@ -81,14 +80,11 @@ def system_message(docs: list[Document]) -> str:
 
 
 def build(p: Params, rng: Rng, prefix: str = "rag") -> list[ChatRequest]:
-    assert p.requests is not None and p.rate is not None and p.doc_tokens is not None
+    assert p.doc_tokens is not None
     popular, others = corpus(rng.fork("corpus"), p.doc_tokens)
     weights = zipf_weights(len(others), 1.0)
-    draw = rng.fork("requests")
-    out: list[ChatRequest] = []
-    t = 0.0
-    for _ in range(p.requests):
-        t += draw.expo(p.rate)
+
+    def turn(draw: Rng) -> Turn:
         picked: list[Document] = []
         for _ in range(draw.between(1, 3)):  # retrieved by score: distinct, popular ones likelier
             choices = [d for d in others if d not in picked]
@@ -97,15 +93,6 @@ def build(p: Params, rng: Rng, prefix: str = "rag") -> list[ChatRequest]:
         text = TextGen(draw, words.DOCS)
         answer = (f"According to Document {docs.index(popular) + 1}, "
                   + text.paragraphs(draw.lognormal_int(200, 0.4, 40, MAX_TOKENS - 60), 90))
-        out.append(ChatRequest(messages=[msg("system", system_message(docs)), msg("user", question(draw))],
-                               response=answer, output_length=approx_tokens(answer),
-                               max_tokens=MAX_TOKENS, timestamp=t, model=p.model))
-    return finalize(out, prefix)
+        return Turn(system_message(docs), question(draw), answer)
 
-
-SCENARIO = Scenario(
-    name="rag",
-    summary="popular document first, then 1-3 varying ones (--popular-last)",
-    build=build,
-    defaults={"requests": 300, "rate": 2.0, "doc_tokens": 500, "popular_last": False},
-)
+    return single_turns(p, rng.fork("requests"), prefix, MAX_TOKENS, turn)

@@ -7,9 +7,8 @@ from __future__ import annotations
 import math
 
 from kvsim.workloads import words
-from kvsim.workloads.params import Params
-from kvsim.workloads.record import ChatRequest, finalize, msg
-from kvsim.workloads.registry import Scenario
+from kvsim.workloads.record import ChatRequest, answered, finalize, msg
+from kvsim.workloads.registry import Params
 from kvsim.workloads.rng import Rng
 from kvsim.workloads.text import TextGen, approx_tokens
 
@@ -161,20 +160,11 @@ def build(p: Params, rng: Rng, prefix: str = "chat") -> list[ChatRequest]:
             messages = history + [msg("user", user)]
             answer = reply(draw, name, draw.lognormal_int(140, 0.35, 40, MAX_TOKENS - 40),
                            first=turn == 0)
-            length = approx_tokens(answer)
-            out.append(ChatRequest(messages=messages, response=answer, output_length=length,
-                                   max_tokens=MAX_TOKENS, timestamp=t,
-                                   session_id=f"{prefix}-s{s:04d}", model=p.model))
+            request = answered(messages, answer, max_tokens=MAX_TOKENS, timestamp=t, model=p.model,
+                               session_id=f"{prefix}-s{s:04d}")
+            out.append(request)
             # Next turn: the whole history, this reply included, is sent again.
             history = messages + [msg("assistant", answer)]
-            t += 0.3 + 0.025 * length + draw.lognormal_int(20, 0.6, 4, 180)
+            t += 0.3 + 0.025 * request.output_length + draw.lognormal_int(20, 0.6, 4, 180)
         s += 1
     return finalize(out, prefix)
-
-
-SCENARIO = Scenario(
-    name="support_chat",
-    summary="support chatbot; every turn resends system prompt + history",
-    build=build,
-    defaults={"sessions": 40, "turns": 6, "rate": 1.0},
-)
