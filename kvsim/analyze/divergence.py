@@ -22,6 +22,7 @@ from kvsim.analyze import _kernels as K
 from kvsim.analyze.options import AnalyzeOptions
 from kvsim.analyze.prefixes import clip_text, message_at
 from kvsim.analyze.reuse import PrefixIndex
+from kvsim.analyze.upper_bound import bound_change
 from kvsim.io.trace.columns import Trace
 
 HIST_EDGES = (0, 1, 16, 64, 256, 1024, 4096, 16384, 65536)
@@ -198,7 +199,7 @@ def volatile_content(index: PrefixIndex, trace: Trace, tokens: np.ndarray, opts:
             move = (s["offset"], *site_members(index, tokens, offsets, s, opts.window, opts.max_skip))
             item["requests_moved"] = int(len(move[1]))
             if len(move[1]):
-                item["moved_bound"] = _gain(rebound(move_sites(tokens, offsets, [move])), base)
+                item["moved_bound"] = bound_change(rebound(move_sites(tokens, offsets, [move])), base, "gain")
                 gains.append((item["moved_bound"]["token_gain_tokens"], move))
         if decode is not None:
             item["text"] = _site_text(tokens, offsets, s, decode)
@@ -215,17 +216,8 @@ def volatile_content(index: PrefixIndex, trace: Trace, tokens: np.ndarray, opts:
         taken[rows] = True
         chosen.append((o, rows[free], at[free], end[free]))
     if len(chosen) > 1:
-        out["all_moved_bound"] = _gain(rebound(move_sites(tokens, offsets, chosen)), base)
+        out["all_moved_bound"] = bound_change(rebound(move_sites(tokens, offsets, chosen)), base, "gain")
         out["all_moved_sites"] = len(chosen)
-    return out
-
-
-def _gain(moved: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
-    """The moved-content bound next to the original one."""
-    out = dict(moved)
-    for key in ("token", "block16"):
-        out[f"{key}_gain_tokens"] = moved[f"{key}_tokens"] - base[f"{key}_tokens"]
-        out[f"{key}_gain_points"] = 100.0 * (moved[key] - base[key])
     return out
 
 

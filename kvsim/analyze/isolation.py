@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from kvsim.analyze.upper_bound import bound_change
 from kvsim.io.trace.columns import NONE, Trace
 
 Bound = Callable[[bool, bool], dict[str, Any]]  # (honour salt, honour lora) -> bound summary
@@ -22,17 +23,9 @@ def isolation_costs(trace: Trace, bound: Bound, honoured: dict[str, Any]) -> dic
         return None
     out: dict[str, Any] = {"honoured": honoured}
     if has_salt:
-        out["salts_ignored"] = _cost(bound(False, True), honoured)
+        out["salts_ignored"] = bound_change(bound(False, True), honoured, "cost")
     if has_lora:
-        out["adapters_ignored"] = _cost(bound(True, False), honoured)
+        out["adapters_ignored"] = bound_change(bound(True, False), honoured, "cost")
     if has_salt and has_lora:
-        out["both_ignored"] = _cost(bound(False, False), honoured)
-    return out
-
-
-def _cost(ignored: dict[str, Any], honoured: dict[str, Any]) -> dict[str, Any]:
-    out = dict(ignored)
-    for key in ("token", "block16"):
-        out[f"{key}_cost_tokens"] = ignored[f"{key}_tokens"] - honoured[f"{key}_tokens"]
-        out[f"{key}_cost_points"] = 100.0 * (ignored[key] - honoured[key])
+        out["both_ignored"] = bound_change(bound(False, False), honoured, "cost")
     return out

@@ -49,6 +49,17 @@ def bound_row(reuse: np.ndarray, lengths: np.ndarray, block: int) -> dict[str, A
             "request_weighted_recompute": rw_c}
 
 
+def bound_change(changed: dict[str, Any], base: dict[str, Any], word: str) -> dict[str, Any]:
+    """``changed`` (a headline bound, :func:`kvsim.analyze.core.bound_summary`) with how far
+    it moved from ``base`` at token level and at APC block 16, as ``<level>_<word>_tokens``
+    and ``<level>_<word>_points`` (``word``: "gain" for moved content, "cost" for isolation)."""
+    out = dict(changed)
+    for key in ("token", "block16"):
+        out[f"{key}_{word}_tokens"] = changed[f"{key}_tokens"] - base[f"{key}_tokens"]
+        out[f"{key}_{word}_points"] = 100.0 * (changed[key] - base[key])
+    return out
+
+
 def upper_bounds(reuse: np.ndarray, lengths: np.ndarray, block_sizes: tuple[int, ...]) -> dict[str, Any]:
     """Section 2: the token-level bound and the block-size sensitivity table."""
     token = bound_row(reuse, lengths, 1)

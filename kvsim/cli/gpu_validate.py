@@ -7,10 +7,9 @@ from typing import Annotated
 
 import typer
 
+from kvsim.cli.options import INPUT, LogInput, with_groups
 from kvsim.cli.app import app, console, err_console
-from kvsim.cli.options import INPUT_DEFAULT
-from kvsim.cli.options import (DEFAULT, BlockSizeOpt, FormatOpt, OnErrorOpt, PageSizeOpt, TemplateOpt, TokenizerOpt,
-                               TraceBlockOpt)
+from kvsim.cli.options import DEFAULT, BlockSizeOpt, PageSizeOpt
 
 _RUN = "Run"
 _CAP = "Cache"
@@ -27,6 +26,7 @@ def _need(module: str) -> None:
 
 
 @app.command("gpu-validate")
+@with_groups(INPUT.but(limit=None))
 def gpu_validate(
     log: Annotated[list[Path] | None, typer.Argument(
         help="Prompt log(s) (default: the bundled traces/support_chat.jsonl).", show_default=False)] = None,
@@ -60,11 +60,7 @@ def gpu_validate(
         "use it with kvsim simulate --calibration.", rich_help_panel=_OUT, show_default=False)] = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Skip the HTML/PNG report.",
                                             rich_help_panel=_OUT)] = False,
-    fmt: FormatOpt = INPUT_DEFAULT["format"],
-    tokenizer: TokenizerOpt = INPUT_DEFAULT["tokenizer"],
-    chat_template: TemplateOpt = INPUT_DEFAULT["chat_template"],
-    trace_block_size: TraceBlockOpt = INPUT_DEFAULT["trace_block_size"],
-    on_error: OnErrorOpt = INPUT_DEFAULT["on_error"],
+    log_input: LogInput = None,
 ) -> None:
     """Check the simulator on a real prefill: reuse equals recomputation, and the time it saves.
 
@@ -74,9 +70,8 @@ def gpu_validate(
     K/V must equal a full prefill's within the dtype's tolerance, and the measured time
     saved is compared with the simulator's prediction. Exit code 1 when a check fails.
     """
-    from kvsim.cli.options import load_from_cli
     from kvsim.cli.options import parse_capacity_tokens
-    from kvsim.errors import ConfigError, KvsimError
+    from kvsim.errors import KvsimError
     from kvsim.outputs import check_output_path, make_dir
     from kvsim.engines.options import SimOptions
 
@@ -103,7 +98,7 @@ def gpu_validate(
 
     opts = ValidateOptions(policy=policy, model=model, device=device, dtype=dtype, attention=attention,
                            requests=requests, repeats=repeats, seed=seed, tolerance=tolerance, sim=sim)
-    trace = load_from_cli(logs, fmt, tokenizer, chat_template, trace_block_size, on_error, None)
+    trace = log_input.load(logs)
     with console.status("running prefills...") as status:
         result = run_validation(trace, opts, progress=lambda i, n: status.update(f"request {i}/{n}"))
 

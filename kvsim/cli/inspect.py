@@ -6,8 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kvsim.cli.groups import with_groups
-from kvsim.cli.options import INPUT, LogInput
+from kvsim.cli.options import INPUT, LogInput, with_groups
 from kvsim.cli.app import app, console
 from kvsim.cli.options import LogPaths
 

@@ -1,8 +1,12 @@
 """Options shared by several commands, defined once so their names and help agree."""
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -11,11 +15,6 @@ LogPaths = Annotated[
     typer.Argument(help="Prompt log(s): JSONL (plain or .gz), Mooncake hash-id JSONL, ShareGPT, Azure CSV, "
                    "Parquet trace.",
                    show_default=False),
-]
-FormatOpt = Annotated[
-    str,
-    typer.Option("--format", "-f", help="Input format: auto, chat, completion, tokens, mooncake, sharegpt, "
-                 "kvcache-tester, azure-csv, parquet.", rich_help_panel="Input"),
 ]
 TokenizerOpt = Annotated[
     str,
@@ -27,20 +26,6 @@ TemplateOpt = Annotated[
     typer.Option("--chat-template", help="Chat template: llama3 (default), chatml, mistral, plain, or a Jinja file.",
                  rich_help_panel="Input"),
 ]
-TraceBlockOpt = Annotated[
-    int,
-    typer.Option("--trace-block-size", help="Tokens per hash id in hash-id traces (Mooncake: 512).",
-                 rich_help_panel="Input"),
-]
-OnErrorOpt = Annotated[
-    str,
-    typer.Option("--on-error", help="What to do with a bad input line: fail (exit 2) or skip (count and report).",
-                 rich_help_panel="Input"),
-]
-LimitOpt = Annotated[
-    Optional[int],
-    typer.Option("--limit", help="Read at most this many requests.", rich_help_panel="Input", show_default=False),
-]
 WarmupOpt = Annotated[
     Optional[str],
     typer.Option("--warmup", help="Warm-up window: the first FRACTION (0.5, 50%) or N requests fill the cache but "
@@ -51,6 +36,10 @@ ANALYZE_DEFAULT = {"block_sizes": "16,32,64,128,256,512", "top": 10}
 BlockSizesOpt = Annotated[str, typer.Option("--block-sizes", help="Block (and page) sizes of the block-size "
                                             "table and chart.", rich_help_panel="Engine settings")]
 TopOpt = Annotated[int, typer.Option("--top", help="Shared prefixes and divergence sites listed.")]
+CalibrationFileOpt = Annotated[Optional[Path], typer.Option(
+    "--calibration", help="gpu-validate calibration JSON: the prefill GPU time saved, and the cost of a step where "
+    "the log is replayed as it arrived (--replay timed, the report's Under load section) instead of the roofline "
+    "of --model on --gpu.", rich_help_panel="Output", show_default=False)]
 ShowTextOpt = Annotated[
     bool,
     typer.Option("--show-text", help="Include raw prompt text in output (off by default: logs are sensitive)."),
@@ -116,30 +105,14 @@ DEFAULT = _defaults()
 
 PolicyOpt = Annotated[str, typer.Option(
     "--policy", "-p", help="Cache design: apc (vLLM APC), radix (SGLang RadixAttention), a comma list, or all.")]
-CapacityOpt = Annotated[Optional[str], typer.Option(
-    "--capacity", "-c", help="Usable KV capacity: tokens (250000, 1e6), 'inf' for the unlimited upper bound, or "
-    "memory such as 20GiB (needs --model).", rich_help_panel=_CAP, show_default=False)]
 CapacityListOpt = Annotated[str, typer.Option(
     "--capacity", "-c", help="Usable KV capacities, a comma list: tokens (1e4,1e5,250000), 'inf', or memory "
     "such as 20GiB (needs --model).", rich_help_panel=_CAP)]
-NumGpuBlocksOpt = Annotated[Optional[int], typer.Option(
-    "--num-gpu-blocks", help="vLLM's num_gpu_blocks (the reserved null block included).",
-    rich_help_panel=_CAP, show_default=False)]
-MaxTotalTokensOpt = Annotated[Optional[int], typer.Option(
-    "--max-total-tokens", help="SGLang's max_total_num_tokens.", rich_help_panel=_CAP, show_default=False)]
-KvCacheMemoryOpt = Annotated[Optional[str], typer.Option(
-    "--kv-cache-memory", help="KV cache memory, e.g. 20GiB (needs --model).", rich_help_panel=_CAP,
-    show_default=False)]
 ModelOpt = Annotated[Optional[str], typer.Option(
     "--model", help="Model shape (llama-3-8b, qwen2.5-72b, deepseek-v3, ...) or a HF config.json path.",
     rich_help_panel=_CAP, show_default=False)]
 GpuOpt = Annotated[Optional[str], typer.Option(
     "--gpu", help="GPU (H100-80GB, H200, A100-80GB, L4, ...): estimate the capacity the engines would get.",
-    rich_help_panel=_CAP, show_default=False)]
-GpuUtilOpt = Annotated[float, typer.Option(
-    "--gpu-memory-utilization", help="vLLM's setting, used with --gpu.", rich_help_panel=_CAP)]
-MemFractionOpt = Annotated[Optional[float], typer.Option(
-    "--mem-fraction-static", help="SGLang's setting, used with --gpu (default: SGLang's own default).",
     rich_help_panel=_CAP, show_default=False)]
 BlockSizeOpt = Annotated[int, typer.Option("--block-size", help="APC block size (tokens).", rich_help_panel=_ENG)]
 BlockSizeListOpt = Annotated[str, typer.Option("--block-size", help="APC block sizes (tokens), a comma list.",
@@ -148,8 +121,6 @@ PageSizeOpt = Annotated[int, typer.Option("--page-size", help="Radix page size (
 PageSizeListOpt = Annotated[str, typer.Option("--page-size", help="Radix page sizes (tokens), a comma list.",
                                               rich_help_panel=_ENG)]
 _EVICTIONS = "lru, lfu, fifo, mru, filo, priority, slru, tlru"
-EvictionOpt = Annotated[str, typer.Option(
-    "--eviction", help=f"Radix eviction policy ({_EVICTIONS}).", rich_help_panel=_ENG)]
 EvictionListOpt = Annotated[str, typer.Option(
     "--eviction", help=f"Radix eviction policies ({_EVICTIONS}), a comma list.", rich_help_panel=_ENG)]
 EngineVersionOpt = Annotated[Optional[str], typer.Option(
@@ -202,10 +173,61 @@ def sim_options(capacity: str | None = None, num_gpu_blocks: int | None = None,
         mem_fraction_static=mem_fraction_static, **settings)
 
 
-# -- option groups (kvsim.cli.groups): the same options, added whole to each command ------------
-from dataclasses import dataclass  # noqa: E402
+# -- option groups: options several commands share, declared once and added to each command whole --
+# A Group is a set of options (name -> (annotation, default)) and a function that turns their
+# values into one object. ``@with_groups(INPUT, CAPACITY)`` appends the groups' options to a
+# command's signature (so Typer offers them, with one name, help and default everywhere) and
+# passes the command one keyword argument per group, named after it, holding that object.
 
-from kvsim.cli.groups import Group  # noqa: E402
+@dataclass(frozen=True)
+class Group:
+    """Options that travel together; ``build(**values)`` makes what the command receives."""
+
+    name: str
+    options: dict[str, tuple[Any, Any]]          # parameter name -> (Annotated type, default)
+    build: Callable[..., Any] = dict
+
+    def but(self, **changes: tuple[Any, Any] | None) -> "Group":
+        """The same group with some options replaced (a new annotation or default) or dropped (None)."""
+        options = dict(self.options)
+        for name, value in changes.items():
+            if value is None:
+                options.pop(name)
+            else:
+                options[name] = value
+        return Group(self.name, options, self.build)
+
+
+def option(kind: Any, flag: str | tuple[str, ...], text: str, panel: str, default: Any = None) -> tuple[Any, Any]:
+    """One option of a group: ``(Annotated[kind, typer.Option(...)], default)``; ``flag`` is one
+    name or several (``("--capacity", "-c")``); a default of None is not shown in ``--help``."""
+    flags = (flag,) if isinstance(flag, str) else flag
+    return Annotated[kind, typer.Option(*flags, help=text, rich_help_panel=panel,
+                                        show_default=default is not None)], default
+
+
+def with_groups(*groups: Group) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add the groups' options to a command; it receives one object per group."""
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        own = inspect.signature(command, eval_str=True)
+        params = [p for p in own.parameters.values() if p.name not in {g.name for g in groups}]
+        for group in groups:
+            for name, (annotation, default) in group.options.items():
+                params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                                annotation=annotation))
+
+        @functools.wraps(command)
+        def run(**values: Any) -> Any:
+            for group in groups:
+                values[group.name] = group.build(**{name: values.pop(name) for name in group.options})
+            return command(**values)
+
+        run.__signature__ = own.replace(parameters=params)
+        run.__annotations__ = {p.name: p.annotation for p in params}
+        del run.__wrapped__        # Typer reads the signature above, not the command's own
+        return run
+    return decorate
+
 
 
 @dataclass(frozen=True)
@@ -225,29 +247,24 @@ class LogInput:
                              self.on_error, self.limit)
 
 
+def _in(kind, flag, text: str, default=None):
+    return option(kind, flag, text, "Input", default)
+
+
+#: how to read the logs (every command that reads them)
 INPUT = Group("log_input", {
-    "fmt": (FormatOpt, INPUT_DEFAULT["format"]),
+    "fmt": _in(str, ("--format", "-f"), "Input format: auto, chat, completion, tokens, mooncake, sharegpt, "
+               "kvcache-tester, azure-csv, parquet.", INPUT_DEFAULT["format"]),
     "tokenizer": (TokenizerOpt, INPUT_DEFAULT["tokenizer"]),
     "chat_template": (TemplateOpt, INPUT_DEFAULT["chat_template"]),
-    "trace_block_size": (TraceBlockOpt, INPUT_DEFAULT["trace_block_size"]),
-    "on_error": (OnErrorOpt, INPUT_DEFAULT["on_error"]),
-    "limit": (LimitOpt, None),
+    "trace_block_size": _in(int, "--trace-block-size", "Tokens per hash id in hash-id traces (Mooncake: 512).",
+                            INPUT_DEFAULT["trace_block_size"]),
+    "on_error": _in(str, "--on-error", "What to do with a bad input line: fail (exit 2) or skip (count and "
+                    "report).", INPUT_DEFAULT["on_error"]),
+    "limit": _in(Optional[int], "--limit", "Read at most this many requests."),
 }, LogInput)
 
 _RAD = "SGLang radix settings"
-HashAlgoOpt = Annotated[str, typer.Option("--hash-algo", help="APC block hash: fast, sha256 or sha256_cbor "
-                                          "(the last two reproduce vLLM's hash bytes).", rich_help_panel=_ENG)]
-RadixTreeOpt = Annotated[str, typer.Option("--radix-tree", help="SGLang tree: unified (what a default 0.5.23 "
-                                           "server builds) or classic (RadixCache).", rich_help_panel=_RAD)]
-NoOverlapOpt = Annotated[bool, typer.Option(
-    "--disable-overlap-schedule", help="SGLang's non-overlap scheduler (default: overlap on, as SGLang; also for "
-    "--replay steps|timed).", rich_help_panel=_RAD)]
-ChunkedPrefillOpt = Annotated[Optional[int], typer.Option(
-    "--chunked-prefill-size", help="SGLang's chunk size (-1 off; default: SGLang's for --gpu, else 4096; also for "
-    "--replay steps|timed).", rich_help_panel=_RAD, show_default=False)]
-EvictionAmountOpt = Annotated[str, typer.Option(
-    "--eviction-amount", help="shortfall (SGLang 0.5.23: need - free) or need (older releases).",
-    rich_help_panel=_RAD)]
 
 
 @dataclass(frozen=True)
@@ -285,25 +302,49 @@ class EngineOptions:
                            engine_version=self.engine_version, hash_algo=self.hash_algo, extra=radix)
 
 
+def _cap(kind, flag: str, text: str, default=None):
+    return option(kind, flag, text, _CAP, default)
+
+
+def _eng(kind, flag: str, text: str, default=None):
+    return option(kind, flag, text, _ENG, default)
+
+
+def _rad(kind, flag: str, text: str, default=None):
+    return option(kind, flag, text, _RAD, default)
+
+
+#: capacity and engine settings, one value each (report; simulate and serve with ENGINE's)
 CAPACITY = Group("engine", {
-    "capacity": (CapacityOpt, None),
-    "num_gpu_blocks": (NumGpuBlocksOpt, None),
-    "max_total_tokens": (MaxTotalTokensOpt, None),
-    "kv_cache_memory": (KvCacheMemoryOpt, None),
+    "capacity": _cap(Optional[str], ("--capacity", "-c"), "Usable KV capacity: tokens (250000, 1e6), 'inf' for the "
+                     "unlimited upper bound, or memory such as 20GiB (needs --model)."),
+    "num_gpu_blocks": _cap(Optional[int], "--num-gpu-blocks", "vLLM's num_gpu_blocks (the reserved null block "
+                           "included)."),
+    "max_total_tokens": _cap(Optional[int], "--max-total-tokens", "SGLang's max_total_num_tokens."),
+    "kv_cache_memory": _cap(Optional[str], "--kv-cache-memory", "KV cache memory, e.g. 20GiB (needs --model)."),
     "model": (ModelOpt, None),
     "gpu": (GpuOpt, None),
-    "gpu_memory_utilization": (GpuUtilOpt, DEFAULT["gpu_memory_utilization"]),
-    "mem_fraction_static": (MemFractionOpt, None),
+    "gpu_memory_utilization": _cap(float, "--gpu-memory-utilization", "vLLM's setting, used with --gpu.",
+                                   DEFAULT["gpu_memory_utilization"]),
+    "mem_fraction_static": _cap(Optional[float], "--mem-fraction-static", "SGLang's setting, used with --gpu "
+                                "(default: SGLang's own default)."),
     "block_size": (BlockSizeOpt, DEFAULT["block_size"]),
     "page_size": (PageSizeOpt, DEFAULT["page_size"]),
-    "eviction": (EvictionOpt, DEFAULT["eviction_policy"]),
+    "eviction": _eng(str, "--eviction", f"Radix eviction policy ({_EVICTIONS}).", DEFAULT["eviction_policy"]),
     "engine_version": (EngineVersionOpt, None),
 }, lambda **values: EngineOptions(**values, radix=False))
 #: capacity, engine and radix settings (simulate, serve)
-ENGINE = Group("engine", {**CAPACITY.options,
-                          "hash_algo": (HashAlgoOpt, DEFAULT["hash_algo"]),
-                          "radix_tree": (RadixTreeOpt, DEFAULT["radix_tree"]),
-                          "disable_overlap_schedule": (NoOverlapOpt, not DEFAULT["radix_overlap"]),
-                          "chunked_prefill_size": (ChunkedPrefillOpt, None),
-                          "eviction_amount": (EvictionAmountOpt, DEFAULT["radix_eviction_amount"])},
-               EngineOptions)
+ENGINE = Group("engine", {
+    **CAPACITY.options,
+    "hash_algo": _eng(str, "--hash-algo", "APC block hash: fast, sha256 or sha256_cbor (the last two reproduce "
+                      "vLLM's hash bytes).", DEFAULT["hash_algo"]),
+    "radix_tree": _rad(str, "--radix-tree", "SGLang tree: unified (what a default 0.5.23 server builds) or classic "
+                       "(RadixCache).", DEFAULT["radix_tree"]),
+    "disable_overlap_schedule": _rad(bool, "--disable-overlap-schedule", "SGLang's non-overlap scheduler "
+                                     "(default: overlap on, as SGLang; also for --replay steps|timed).",
+                                     not DEFAULT["radix_overlap"]),
+    "chunked_prefill_size": _rad(Optional[int], "--chunked-prefill-size", "SGLang's chunk size (-1 off; default: "
+                                 "SGLang's for --gpu, else 4096; also for --replay steps|timed)."),
+    "eviction_amount": _rad(str, "--eviction-amount", "shortfall (SGLang 0.5.23: need - free) or need (older "
+                            "releases).", DEFAULT["radix_eviction_amount"]),
+}, EngineOptions)

@@ -33,38 +33,6 @@ CalibrationOpt = Annotated[Optional[str], typer.Option(
     "roofline of --model on --gpu).", rich_help_panel=PANEL, show_default=False)]
 SpeedupOpt = Annotated[float, typer.Option(
     "--speedup", help="Divide logged arrival times by this (2 = twice the load).", rich_help_panel=PANEL)]
-# vLLM 0.33.0 (--policy apc)
-MaxNumSeqsOpt = Annotated[Optional[int], typer.Option(
-    "--max-num-seqs", help="vLLM: most running requests (default: vLLM's for --gpu, else 256).",
-    rich_help_panel=PANEL, show_default=False)]
-MaxNumBatchedTokensOpt = Annotated[Optional[int], typer.Option(
-    "--max-num-batched-tokens", help="vLLM: token budget per step (default: vLLM's for --gpu, else 2048).",
-    rich_help_panel=PANEL, show_default=False)]
-LongPrefillOpt = Annotated[Optional[int], typer.Option(
-    "--long-prefill-token-threshold", help="vLLM: cap a prefill chunk when others wait (default 0: off).",
-    rich_help_panel=PANEL, show_default=False)]
-SchedulingPolicyOpt = Annotated[Optional[str], typer.Option(
-    "--scheduling-policy", help="vLLM: fcfs (default) or priority (logs carry no priority: all 0, arrival "
-    "order decides).", rich_help_panel=PANEL, show_default=False)]
-AsyncSchedulingOpt = Annotated[Optional[bool], typer.Option(
-    "--async-scheduling/--no-async-scheduling", help="vLLM: async scheduling (default on, as vLLM 0.33.0).",
-    rich_help_panel=PANEL, show_default=False)]
-# SGLang 0.5.23 (--policy radix); --chunked-prefill-size and --disable-overlap-schedule are shared
-# with the sequential radix model
-SchedulePolicyOpt = Annotated[Optional[str], typer.Option(
-    "--schedule-policy", help="SGLang: fcfs (0.5.23's default), lpm, dfs-weight, lof or random.",
-    rich_help_panel=PANEL, show_default=False)]
-MaxPrefillTokensOpt = Annotated[Optional[int], typer.Option(
-    "--max-prefill-tokens", help="SGLang: tokens per prefill batch (default 16384).", rich_help_panel=PANEL,
-    show_default=False)]
-MaxRunningRequestsOpt = Annotated[Optional[int], typer.Option(
-    "--max-running-requests", help="SGLang: most running requests (default: from the pool size, as SGLang).",
-    rich_help_panel=PANEL, show_default=False)]
-RandomSeedOpt = Annotated[Optional[int], typer.Option(
-    "--random-seed", help="SGLang: seed of --schedule-policy random (default 0).", rich_help_panel=PANEL,
-    show_default=False)]
-
-
 def flag(setting: str) -> str:
     """The command-line flag of a scheduler setting."""
     return {"policy": "--scheduling-policy", "random_seed": "--random-seed"}.get(setting, "--" + setting.replace("_", "-"))
@@ -107,17 +75,33 @@ def _scheduler(max_num_seqs=None, max_num_batched_tokens=None, long_prefill_toke
                            max_running_requests=max_running_requests, random_seed=random_seed)}
 
 
-from kvsim.cli.groups import Group  # noqa: E402
 
-#: the engines' scheduler options (simulate, serve)
+
+from kvsim.cli.options import Group, option  # noqa: E402
+
+
+def _sched(kind, flag_name: str, text: str):
+    return option(kind, flag_name, text, PANEL)
+
+
+#: the engines' scheduler options (simulate, serve): vLLM 0.33.0's, then SGLang 0.5.23's
+#: (SGLang's --chunked-prefill-size and --disable-overlap-schedule are the radix model's own)
 SCHEDULER = Group("scheduler", {
-    "max_num_seqs": (MaxNumSeqsOpt, None),
-    "max_num_batched_tokens": (MaxNumBatchedTokensOpt, None),
-    "long_prefill_token_threshold": (LongPrefillOpt, None),
-    "scheduling_policy": (SchedulingPolicyOpt, None),
-    "async_scheduling": (AsyncSchedulingOpt, None),
-    "schedule_policy": (SchedulePolicyOpt, None),
-    "max_prefill_tokens": (MaxPrefillTokensOpt, None),
-    "max_running_requests": (MaxRunningRequestsOpt, None),
-    "random_seed": (RandomSeedOpt, None),
+    "max_num_seqs": _sched(Optional[int], "--max-num-seqs", "vLLM: most running requests (default: vLLM's for "
+                           "--gpu, else 256)."),
+    "max_num_batched_tokens": _sched(Optional[int], "--max-num-batched-tokens", "vLLM: token budget per step "
+                                     "(default: vLLM's for --gpu, else 2048)."),
+    "long_prefill_token_threshold": _sched(Optional[int], "--long-prefill-token-threshold",
+                                           "vLLM: cap a prefill chunk when others wait (default 0: off)."),
+    "scheduling_policy": _sched(Optional[str], "--scheduling-policy", "vLLM: fcfs (default) or priority (logs "
+                                "carry no priority: all 0, arrival order decides)."),
+    "async_scheduling": _sched(Optional[bool], "--async-scheduling/--no-async-scheduling",
+                               "vLLM: async scheduling (default on, as vLLM 0.33.0)."),
+    "schedule_policy": _sched(Optional[str], "--schedule-policy", "SGLang: fcfs (0.5.23's default), lpm, "
+                              "dfs-weight, lof or random."),
+    "max_prefill_tokens": _sched(Optional[int], "--max-prefill-tokens", "SGLang: tokens per prefill batch "
+                                 "(default 16384)."),
+    "max_running_requests": _sched(Optional[int], "--max-running-requests", "SGLang: most running requests "
+                                   "(default: from the pool size, as SGLang)."),
+    "random_seed": _sched(Optional[int], "--random-seed", "SGLang: seed of --schedule-policy random (default 0)."),
 }, _scheduler)

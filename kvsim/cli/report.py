@@ -6,12 +6,11 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from kvsim.cli.groups import with_groups
-from kvsim.cli.options import CAPACITY, INPUT, EngineOptions, LogInput
+from kvsim.cli.options import CalibrationFileOpt, CAPACITY, INPUT, EngineOptions, LogInput, with_groups
 from kvsim.cli.app import app, console, err_console
 from kvsim.cli.replay_options import SpeedupOpt
 from kvsim.cli.options import ANALYZE_DEFAULT, BlockSizesOpt, TopOpt
-from kvsim.cli.options import LogPaths, ShowTextOpt, WarmupOpt
+from kvsim.cli.options import LogPaths, PolicyOpt, ShowTextOpt, WarmupOpt
 
 _OUT = "Output"
 ConcurrentOpt = Annotated[bool, typer.Option(
@@ -47,13 +46,11 @@ def report(
     png_dir: Annotated[Optional[Path], typer.Option(
         "--png-dir", help="Write the PNG charts into this folder (default: next to the HTML file, named "
         "<name>_<chart>.png).", rich_help_panel=_OUT, show_default=False)] = None,
+    policy: PolicyOpt = "all",
     block_sizes: BlockSizesOpt = ANALYZE_DEFAULT["block_sizes"],
     top: TopOpt = ANALYZE_DEFAULT["top"],
     show_text: ShowTextOpt = False,
-    calibration: Annotated[Optional[Path], typer.Option(
-        "--calibration", help="gpu-validate calibration JSON: estimate the prefill GPU time saved (and the step "
-        "cost of the Under load section).",
-        rich_help_panel=_OUT, show_default=False)] = None,
+    calibration: CalibrationFileOpt = None,
     gpu_results: Annotated[Optional[Path], typer.Option(
         "--gpu-results", help="gpu-validate result JSON (gpu_validate.json): add the GPU validation section.",
         rich_help_panel=_OUT, show_default=False)] = None,
@@ -116,7 +113,7 @@ def report(
     check_output_path(output, logs)
     options = ReportOptions(sim=sim, block_sizes=parse_block_sizes(block_sizes), top=top, show_text=show_text,
                             model=engine.model, calibration=calib, gpu_results=gpu_results, jobs=jobs, warmup=window,
-                            concurrent=concurrent, speedup=speedup)
+                            concurrent=concurrent, speedup=speedup, policies=policy)
     trace = log_input.load(logs)
     html_report(output, trace, logs, options, png_dir=png_dir)
 

@@ -7,8 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from kvsim.cli.app import app, console
-from kvsim.cli.groups import with_groups
-from kvsim.cli.options import ENGINE, EngineOptions
+from kvsim.cli.options import ENGINE, EngineOptions, with_groups
 from kvsim.cli.replay_options import SCHEDULER
 from kvsim.cli.options import INPUT_DEFAULT
 from kvsim.cli.replay_options import CalibrationOpt, ServeReplayOpt, replay_mode

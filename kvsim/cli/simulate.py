@@ -1,14 +1,14 @@
 """`kvsim simulate`: replay a log through the APC and/or radix cache models."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from kvsim.cli.app import app, console
-from kvsim.cli.groups import with_groups
-from kvsim.cli.options import ENGINE, INPUT, DEFAULT, EngineOptions, LogInput, LogPaths, PolicyOpt, WarmupOpt
+from kvsim.cli.options import CalibrationFileOpt, ENGINE, INPUT, DEFAULT, EngineOptions, LogInput, LogPaths, PolicyOpt, WarmupOpt, with_groups
 from kvsim.cli.replay_options import (SCHEDULER, ArrivalFromOpt, ArrivalsOpt, ReplayOpt, SpeedupOpt, StepSecondsOpt,
                                       replay_mode)
 
@@ -36,10 +36,7 @@ def simulate(
     per_request: Annotated[Optional[Path], typer.Option(
         "--per-request", help="Write one JSON line per request (and policy).", rich_help_panel=_OUT,
         show_default=False)] = None,
-    calibration: Annotated[Optional[Path], typer.Option(
-        "--calibration", help="gpu-validate calibration JSON: estimate TTFT and GPU-seconds saved "
-        "(--replay timed: the cost of a step, instead of the roofline of --model on --gpu).",
-        rich_help_panel=_OUT, show_default=False)] = None,
+    calibration: CalibrationFileOpt = None,
     html: Annotated[Optional[Path], typer.Option(
         "--html", help="Also write the HTML report at this capacity (PNGs next to it), as kvsim report.",
         rich_help_panel=_OUT, show_default=False)] = None,
@@ -72,8 +69,6 @@ def simulate(
     mode = replay_mode(replay, arrival_from, step_seconds, arrivals, speedup, calibration, **scheduler)
     options = engine.sim_options(finish=finish)
     if mode is not None:
-        from kvsim.cli.simulate_concurrent import simulate_concurrent
-
         simulate_concurrent(logs, names, options, mode, json_out, per_request, html, warmup, log_input)
         return
     _check_settings(names, options)  # fail on bad settings before reading a large log
@@ -120,3 +115,53 @@ def _check_settings(names: list[str], options) -> None:
 
     for name in names:
         registry.engine(name).settings(options)
+
+
+# -- --replay steps|timed: the engines' schedulers under load (docs/concurrency.md) -----------------
+PROGRESS_MIN_REQUESTS = 500
+
+
+def simulate_concurrent(logs: list[Path], names: list[str], options, mode, json_out: Path | None,
+                        per_request: Path | None, html: Path | None, warmup: str | None, log_input) -> None:
+    """Check the options, read the log, replay each policy's scheduler, print and write the results."""
+    from kvsim.errors import ConfigError
+    from kvsim.outputs import check_output_path
+    from kvsim.drive.concurrent import check_supported, run_concurrent, scheduler_settings
+    from kvsim.drive.step_cost import step_cost
+
+    if html is not None:
+        raise ConfigError("--html reports the sequential replay; use kvsim report for the concurrent view")
+    if warmup is not None:
+        raise ConfigError("--warmup applies to --replay sequential only")
+    check_supported(names, options)
+    for name in names:                # bad scheduler settings fail before a large log is read
+        scheduler_settings(name, options, mode)
+    if mode.mode == "timed":
+        step_cost(options.model, options.gpu, mode.calibration)
+    for out in (json_out, per_request):
+        if out is not None:
+            check_output_path(out, logs)
+    trace = log_input.load(logs)
+    bars = None
+    if len(trace) >= PROGRESS_MIN_REQUESTS:
+        from kvsim.render.progress import Bars
+
+        bars = Bars("count")
+    with bars or nullcontext():
+        progress = None if bars is None else (lambda label, total: bars.task(label, total))
+        runs = run_concurrent(trace, names, options, mode, progress=progress)
+    from kvsim.render.concurrent import render_concurrent
+
+    render_concurrent(console, trace, runs, mode)
+    if json_out is not None:
+        from kvsim.outputs import write_json
+        from kvsim.drive.concurrent import concurrent_json
+
+        write_json(json_out, concurrent_json(trace, runs, options, mode))
+        console.print(f"summary written to {json_out}")
+    if per_request is not None:
+        from kvsim.outputs import write_jsonl
+        from kvsim.drive.concurrent import concurrent_rows
+
+        write_jsonl(per_request, concurrent_rows(trace, runs))
+        console.print(f"per-request results written to {per_request}")
