@@ -5,6 +5,11 @@ replays at the chosen capacity, over capacities and over block sizes; then the c
 tables, notes) that :mod:`kvsim.report.html` turns into one HTML page. A command that has
 already computed part of it (analyze's report, simulate's replays, a sweep) passes it in
 and only the rest is computed.
+
+The report covers the engines of ``ReportOptions.policies`` (default: every registered one)
+and asks each one's spec (:mod:`kvsim.engines.registry`) how to draw it: an engine with an
+exact one-pass curve gets the curve and a few exact replays; any other, exact replays dense
+enough to draw as a line (:mod:`kvsim.sweep.dense`); its optimum where its spec names one.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from kvsim.analyze.options import DEFAULT_BLOCK_SIZES
+from kvsim.engines import registry
 from kvsim.errors import ConfigError
 from kvsim.io.trace.columns import NONE, Trace
 from kvsim.engines.options import SimOptions
@@ -26,22 +32,23 @@ from kvsim.report.document import Chart, KeyNumber, ReportData, Section, Table
 from kvsim.sweep.curves import capacity_for_share
 
 Say = Callable[[str], None]
-POLICIES = ("apc", "radix")
-CAPACITY_POINTS = 7          # exact APC replays along the capacity axis
-RADIX_POINTS = 16            # exact radix replays along the capacity axis to start with (drawn as its curve),
-RADIX_STEP = 0.01            # then more wherever neighbours differ by more than this,
-RADIX_MAX_POINTS = 96        # up to this many (twice RADIX_POINTS for logs of RADIX_BIG_TOKENS and more)
-RADIX_BIG_TOKENS = 20_000_000
+CAPACITY_POINTS = 7          # exact replays along the capacity axis of an engine drawn by its exact curve
+DENSE_POINTS = 16            # exact replays along the capacity axis of any other engine to start with (its line),
+DENSE_STEP = 0.01            # then more wherever neighbours differ by more than this,
+DENSE_MAX_POINTS = 96        # up to this many (twice DENSE_POINTS for logs of DENSE_BIG_TOKENS and more)
+DENSE_BIG_TOKENS = 20_000_000
 OPTIMAL_POINTS = 48          # capacities of each optimal curve
 NEAR_OPTIMAL = 0.9           # "reaches 90% of the optimum"
 MAX_GROUPS = 12              # bars per grouping panel
+#: the sweep's list argument of each SimOptions setting an engine may read
+SWEEP_LISTS = {"block_size": "block_sizes", "page_size": "page_sizes", "eviction_policy": "eviction_policies"}
 
 
 @dataclass
 class ReportOptions:
     """What to put in the report. ``sim`` carries the chosen capacity and engine settings;
     without a capacity in it, the report uses the KV needed for ``target_share`` of the
-    upper bound (from the exact APC curve)."""
+    upper bound (from the exact curve of the first engine that has one)."""
 
     sim: SimOptions = field(default_factory=SimOptions)
     block_sizes: tuple[int, ...] = DEFAULT_BLOCK_SIZES
@@ -58,6 +65,7 @@ class ReportOptions:
     warmup: Any = None                       # kvsim.warmup: first requests fill the cache, are not counted
     concurrent: bool = True                  # the "Under load" section (kvsim.report.concurrent)
     speedup: float = 1.0                     # its arrivals, this many times faster than logged
+    policies: Any = None                     # the engines: names, a comma list or "all" (None: all)
 
     def __post_init__(self) -> None:
         if not 0 < self.target_share < 1:
@@ -72,6 +80,16 @@ class ReportOptions:
         from kvsim.warmup import parse_warmup
 
         self.warmup = parse_warmup(self.warmup)
+        self.policies = _policies(self.policies)
+
+
+def _policies(given: Any) -> tuple[str, ...]:
+    """The report's engines, in order, each once."""
+    text = "all" if given is None else given if isinstance(given, str) else ",".join(given)
+    names = tuple(dict.fromkeys(registry.resolve_policies(text)))
+    if not names:
+        raise ConfigError("the report needs at least one engine (--policy)")
+    return names
 
 
 def build_report(trace: Trace, options: ReportOptions | None = None, *, analysis: dict[str, Any] | None = None,
@@ -93,6 +111,25 @@ def has_capacity(sim: SimOptions) -> bool:
                                        sim.kv_cache_memory)) or bool(sim.model and sim.gpu)
 
 
+@dataclass(frozen=True)
+class _Chosen:
+    """One engine at the report's settings, as the sweep's optimum builder reads a sweep point."""
+
+    policy: str
+    sim: SimOptions
+
+    @property
+    def block_size(self) -> int:
+        return self.sim.block_size
+
+    @property
+    def page_size(self) -> int:
+        return self.sim.page_size
+
+    def options(self) -> SimOptions:
+        return self.sim
+
+
 class _Builder:
     def __init__(self, trace: Trace, opts: ReportOptions, progress: Say | None) -> None:
         self.trace = trace
@@ -107,6 +144,9 @@ class _Builder:
         n_tok = trace.num_prompt_tokens if trace.has_tokens else 0
         self.jobs = opts.jobs if opts.jobs is not None else (1 if n_tok < 2_000_000 else None)
         self.notes: list[str] = []
+        self.specs = [registry.engine(p) for p in opts.policies]
+        self.names = [s.name for s in self.specs]
+        self.colors = {s.name: s.color for s in self.specs}
 
     def _phase(self, text: str) -> None:
         self.say(f"[{time.perf_counter() - self.t0:5.1f} s] {text}")
@@ -124,8 +164,10 @@ class _Builder:
         self.an = analysis
         self._phase("one-pass hit-rate curves")
         self.models = self._curve_models()
+        self.exact_curves = [s.name for s in self.specs if s.curve_exact and self.models[s.name] is not None]
         self.target_caps = {p: (capacity_for_share(m, o.target_share) if m is not None else None)
                             for p, m in self.models.items()}
+        self.yardstick = self._yardstick()
         self.chosen_sim, self.chosen_source = self._chosen_options()
         self.runs = self._chosen_runs(runs)
         self.caps = {p: _cap(r.capacity_tokens) for p, r in self.runs.items()}
@@ -161,38 +203,66 @@ class _Builder:
         return ReportData(title, subtitle, key, sections, self.notes, numbers)
 
     def _curve_models(self) -> dict[str, Any]:
-        from kvsim.sweep.curves import LRU_LIKE, curve_model
+        """Each engine's one-pass curve at the report's settings (None: it has none, or none that
+        models these settings)."""
+        from kvsim.sweep.curves import curve_model
         from kvsim.warmup import as_fraction
 
         sim = self.opts.sim
         warm = as_fraction(len(self.trace), self.opts.warmup)
-        models: dict[str, Any] = {"apc": curve_model(self.trace, "apc", block_size=sim.block_size,
-                                                     engine_version=sim.engine_version, warmup=warm)}
-        models["radix"] = (curve_model(self.trace, "radix", page_size=sim.page_size, eviction_policy="lru",
-                                       warmup=warm)
-                           if sim.eviction_policy.lower() in LRU_LIKE else None)
+        models: dict[str, Any] = {}
+        for s in self.specs:
+            applies = s.curve is not None and s.curve_applies(T.config(s.name, sim))
+            models[s.name] = (curve_model(self.trace, s.name, block_size=sim.block_size, page_size=sim.page_size,
+                                          eviction_policy=sim.eviction_policy, engine_version=sim.engine_version,
+                                          warmup=warm) if applies else None)
         return models
+
+    def _yardstick(self) -> tuple[str | None, Any]:
+        """(engine, curve) the capacity for the target share is read from: the first engine with
+        an exact curve; with none, block LRU over the trace's blocks (its exact one-pass curve)."""
+        if self.exact_curves:
+            return self.exact_curves[0], self.models[self.exact_curves[0]]
+        from kvsim.sweep.curves import block_lru_curve
+        from kvsim.warmup import as_fraction
+
+        block = self.opts.sim.block_size
+        return None, block_lru_curve(self.trace, block, warmup=as_fraction(len(self.trace), self.opts.warmup))
+
+    def _yardstick_name(self) -> str:
+        return f"a block LRU cache of {self.yardstick[1].unit_tokens}-token blocks"
+
+    def _target(self) -> float | None:
+        """The capacity for the target share, from the yardstick curve."""
+        source, curve = self.yardstick
+        return self.target_caps[source] if source is not None else capacity_for_share(curve, self.opts.target_share)
 
     def _chosen_options(self) -> tuple[SimOptions, str]:
         sim = self.opts.sim
         if has_capacity(sim):
             return sim, "given"
-        cap = self.target_caps.get("apc")
+        cap = self._target()
         if cap is None:
             self.notes.append("Nothing in this trace is reused, so there is no capacity for a share of the upper "
                               "bound: the report replays with an unlimited cache.")
             return replace(sim, capacity_tokens=math.inf), "unlimited (nothing is reused)"
-        return replace(sim, capacity_tokens=cap), f"the KV needed for {self.opts.target_share:.0%} of the upper bound"
+        source = f"the KV needed for {self.opts.target_share:.0%} of the upper bound"
+        if self.yardstick[0] is None:
+            self.notes.append(f"No engine in this report has an exact one-pass curve, so the chosen capacity is the KV "
+                              f"{self._yardstick_name()} needs for {self.opts.target_share:.0%} of its unlimited hit "
+                              "rate (its one-pass curve, exact for that store).")
+            source += " (block LRU curve)"
+        return replace(sim, capacity_tokens=cap), source
 
     def _chosen_runs(self, runs: dict[str, Any] | None) -> dict[str, Any]:
         from kvsim.drive.simulate import run_simulation
 
         have = dict(runs or {}) if self.chosen_source == "given" else {}
-        missing = [p for p in POLICIES if p not in have]
+        missing = [p for p in self.names if p not in have]
         if missing:
             self._phase(f"replaying {' and '.join(missing)} at the chosen capacity")
             have.update(run_simulation(self.trace, missing, self.chosen_sim))
-        return self._counted({p: have[p] for p in POLICIES})
+        return self._counted({p: have[p] for p in self.names})
 
     def _counted(self, runs: dict[str, Any]) -> dict[str, Any]:
         """The runs with the warm-up window left out of their figures."""
@@ -201,100 +271,137 @@ class _Builder:
         apply_warmup(runs, len(self.trace), self.opts.warmup)
         return runs
 
-    def _sweep(self, policies: str, capacities: list[float], **grid: Any):
+    def _sweep(self, policy: str, capacities: list[float], **lists: list[Any]):
+        """Exact replays of ``policy`` at ``capacities``, at the report's settings but for
+        ``lists`` (a setting -> the values to replay)."""
         from kvsim.sweep import sweep
 
-        extra = {"engine_version": self.opts.sim.engine_version} if self.opts.sim.engine_version else {}
-        return sweep(self.trace, policies, capacities, jobs=self.jobs, curves=False, warmup=self.opts.warmup,
+        sim = self.opts.sim
+        settings = {name: [getattr(sim, name)] for name in SWEEP_LISTS} | lists
+        grid = {SWEEP_LISTS[name]: values for name, values in settings.items()}
+        extra = {"engine_version": sim.engine_version} if sim.engine_version else {}
+        return sweep(self.trace, policy, capacities, jobs=self.jobs, curves=False, warmup=self.opts.warmup,
                      optimal=False, **grid, **extra).frame
 
     def _capacity_range(self) -> tuple[float, float]:
-        apc = self.models["apc"]
-        lo = float(max(apc.extra.get("min_exact_tokens", apc.unit_tokens), 16))
-        radix = self.models.get("radix")
-        if radix is not None and len(radix.den_thr):
-            lo = max(lo, float(radix.den_thr[-1]))
-        sat = max(float(m.saturation_units * m.unit_tokens) for m in self.models.values() if m is not None)
+        """The capacity axis: from where the yardstick curve is exact (and every engine drawn by
+        its replays admits every request) to well past saturation."""
+        source, yard = self.yardstick
+        lo = float(max(yard.extra.get("min_exact_tokens", yard.unit_tokens), 16))
+        if source is None:   # the largest request fits
+            lo = max(lo, float((self.trace.prompt_lengths + self.trace.output_lengths).max(initial=0)))
+        for p in self._replayed():
+            m = self.models[p]
+            if m is not None and len(m.den_thr):
+                lo = max(lo, float(m.den_thr[-1]))
+        models = [m for m in (yard, *self.models.values()) if m is not None]
+        sat = max(float(m.saturation_units * m.unit_tokens) for m in models)
         return lo, max(sat * 1.5, lo * 8)
 
+    def _replayed(self) -> list[str]:
+        """The engines the capacity chart draws by their exact replays (no exact curve)."""
+        return [p for p in self.names if p not in self.exact_curves]
+
     def _capacity_series(self, sweep_result: Any) -> tuple[list[dict[str, Any]], list[list[str]]]:
-        sim = self.opts.sim
         self.optimal = self._optimal_models(sweep_result)
         if sweep_result is not None:
             return self._series_from_sweep(sweep_result)
         lo, hi = self._capacity_range()
-        series: list[dict[str, Any]] = []
-        apc = self.models["apc"]
-        xs, ys = apc.grid(self.opts.curve_points, lo_tokens=lo, hi_tokens=hi)
-        series.append({"policy": "apc", "label": f"{T.policy_label('apc', sim)}: one-pass curve (exact)",
-                       "setting": "apc", "kind": "curve", "capacity_tokens": xs, "hit_rate": ys})
-        chosen = {c for c in self.caps.values() if math.isfinite(c)}
-        caps = sorted({float(round(c / 16) * 16) for c in np.geomspace(lo, hi / 1.5, CAPACITY_POINTS)} | chosen)
-        frame = self._sweep("apc", caps, block_sizes=[sim.block_size])
-        exact: dict[str, Any] = {
-            "apc": (frame["capacity_tokens"].to_numpy(np.float64), frame["token_hit_rate"].to_numpy(np.float64))}
-        # no one-pass model tracks the radix tree within a point: draw its exact replays, dense
-        # enough that neighbours differ by at most RADIX_STEP (kvsim.sweep.dense)
-        from kvsim.sweep.dense import dense_capacities, largest_step
+        chosen = sorted({c for c in self.caps.values() if math.isfinite(c)})
+        replays = {p: (self._curve_replays(p, lo, hi, chosen) if p in self.exact_curves
+                       else self._dense_replays(p, lo, hi, chosen)) for p in self.names}
+        series = [self._curve_series(p, lo, hi) for p in self.exact_curves]
+        self.inside: dict[str, np.ndarray] = {}
+        for p, (x, y) in replays.items():
+            series += self._replay_series(p, x, y, lo, hi)
+        from kvsim.sweep.dense import largest_step
 
-        def radix_rates(batch: list[float]) -> list[float]:
-            return self._sweep("radix", batch, page_sizes=[sim.page_size],
-                               eviction_policies=[sim.eviction_policy])["token_hit_rate"].tolist()
-
-        big = self.trace.num_prompt_tokens >= RADIX_BIG_TOKENS   # replays take seconds each: fewer
-        exact["radix"] = dense_capacities(radix_rates, lo, hi / 1.5, start=RADIX_POINTS, step=RADIX_STEP,
-                                          max_points=RADIX_POINTS * 2 if big else RADIX_MAX_POINTS,
-                                          extra=sorted(chosen))
-        x, y = exact["apc"]
-        series.append({"policy": "apc", "label": f"{T.policy_label('apc', sim)}: exact replays", "setting": "apc",
-                       "kind": "exact", "capacity_tokens": x, "hit_rate": y})
-        x, y = exact["radix"]
-        inside = (x >= lo - 16) & (x <= hi)   # a chosen capacity below the range stands alone
-        series.append({"policy": "radix", "label": f"{T.policy_label('radix', sim)}: exact replays at "
-                       f"{int(inside.sum())} capacities, joined", "setting": "radix", "kind": "joined",
-                       "capacity_tokens": x[inside], "hit_rate": y[inside]})
-        if not inside.all():
-            series.append({"policy": "radix", "label": f"{T.policy_label('radix', sim)}: exact replay",
-                           "setting": "radix", "kind": "exact", "capacity_tokens": x[~inside],
-                           "hit_rate": y[~inside]})
-        self.radix_step = largest_step(y[inside])
-        self.curve_error = {"apc": float(np.abs(apc.hit_rate(exact["apc"][0]) - exact["apc"][1]).max())}
+        self.steps = {p: largest_step(replays[p][1][self.inside[p]]) for p in self._replayed()}
+        self.curve_error = {p: float(np.abs(self.models[p].hit_rate(replays[p][0]) - replays[p][1]).max())
+                            for p in self.exact_curves}
         opt_x = np.unique(np.geomspace(lo, hi, OPTIMAL_POINTS).round())
-        self.near: dict[str, float | None] = {}
-        for p in POLICIES:
-            series.append(self._optimal_series(p, opt_x))
-        self.near["apc"] = _near_optimal(opt_x, apc.hit_rate(opt_x), self.optimal["apc"].hit_rate(opt_x))
-        self.near["radix"] = _near_optimal(x[inside], y[inside], self.optimal["radix"].hit_rate(x[inside]))
+        series += [self._optimal_series(p, opt_x) for p in self.optimal]
+        self.near: dict[str, float | None] = {p: self._near(p, opt_x, *replays[p]) for p in self.optimal}
+        return series, self._capacity_rows(replays)
+
+    def _curve_series(self, policy: str, lo: float, hi: float) -> dict[str, Any]:
+        xs, ys = self.models[policy].grid(self.opts.curve_points, lo_tokens=lo, hi_tokens=hi)
+        return {"policy": policy, "label": f"{T.policy_label(policy, self.opts.sim)}: one-pass curve (exact)",
+                "setting": policy, "kind": "curve", "capacity_tokens": xs, "hit_rate": ys}
+
+    def _curve_replays(self, policy: str, lo: float, hi: float, chosen: list[float]) -> tuple[np.ndarray, np.ndarray]:
+        """A few exact replays beside an exact curve (and at the chosen capacities)."""
+        caps = sorted({float(round(c / 16) * 16) for c in np.geomspace(lo, hi / 1.5, CAPACITY_POINTS)} | set(chosen))
+        frame = self._sweep(policy, caps)
+        return frame["capacity_tokens"].to_numpy(np.float64), frame["token_hit_rate"].to_numpy(np.float64)
+
+    def _dense_replays(self, policy: str, lo: float, hi: float, chosen: list[float]) -> tuple[np.ndarray, np.ndarray]:
+        """No one-pass model tracks this engine within a point: its exact replays, dense enough
+        that neighbours differ by at most DENSE_STEP (kvsim.sweep.dense)."""
+        from kvsim.sweep.dense import dense_capacities
+
+        def rates(batch: list[float]) -> list[float]:
+            return self._sweep(policy, batch)["token_hit_rate"].tolist()
+
+        big = self.trace.num_prompt_tokens >= DENSE_BIG_TOKENS   # replays take seconds each: fewer
+        return dense_capacities(rates, lo, hi / 1.5, start=DENSE_POINTS, step=DENSE_STEP,
+                                max_points=DENSE_POINTS * 2 if big else DENSE_MAX_POINTS, extra=chosen)
+
+    def _replay_series(self, policy: str, x: np.ndarray, y: np.ndarray, lo: float, hi: float) -> list[dict[str, Any]]:
+        """The exact replays of ``policy``: markers beside its curve, else a joined line (a chosen
+        capacity outside the range as a marker of its own)."""
+        label = T.policy_label(policy, self.opts.sim)
+        if policy in self.exact_curves:
+            return [{"policy": policy, "label": f"{label}: exact replays", "setting": policy, "kind": "exact",
+                     "capacity_tokens": x, "hit_rate": y}]
+        inside = (x >= lo - 16) & (x <= hi)   # a chosen capacity below the range stands alone
+        self.inside[policy] = inside
+        out = [{"policy": policy, "label": f"{label}: exact replays at {int(inside.sum())} capacities, joined",
+                "setting": policy, "kind": "joined", "capacity_tokens": x[inside], "hit_rate": y[inside]}]
+        if not inside.all():
+            out.append({"policy": policy, "label": f"{label}: exact replay", "setting": policy, "kind": "exact",
+                        "capacity_tokens": x[~inside], "hit_rate": y[~inside]})
+        return out
+
+    def _near(self, policy: str, opt_x: np.ndarray, x: np.ndarray, y: np.ndarray) -> float | None:
+        """Where ``policy`` comes within NEAR_OPTIMAL of its optimum: along its curve, else
+        along its replays."""
+        optimum = self.optimal[policy]
+        if policy in self.exact_curves:
+            return _near_optimal(opt_x, self.models[policy].hit_rate(opt_x), optimum.hit_rate(opt_x))
+        inside = self.inside[policy]
+        return _near_optimal(x[inside], y[inside], optimum.hit_rate(x[inside]))
+
+    def _capacity_rows(self, replays: dict[str, tuple[np.ndarray, np.ndarray]]) -> list[list[str]]:
+        """The table under the capacity chart: every replayed capacity, each engine's hit rate
+        and optimum there, and the exact curves."""
         rows = []
-        for cap in sorted(set(exact["apc"][0]) | set(exact["radix"][0])):
+        for cap in sorted(set().union(*(set(x) for x, _ in replays.values()))):
             cells = []
-            for p in POLICIES:
-                xs_p, ys_p = exact[p]
-                hit = ys_p[xs_p == cap]
-                cells += [T.pct(float(hit[0]) if len(hit) else None), T.pct(float(self.optimal[p].hit_rate([cap])[0]))]
-            rows.append([T.tokens(cap), T.gib(cap, self.kv_bytes), *cells, T.pct(float(apc.hit_rate([cap])[0]))])
-        return series, rows
+            for p, (xs, ys) in replays.items():
+                hit = ys[xs == cap]
+                cells.append(T.pct(float(hit[0]) if len(hit) else None))
+                if p in self.optimal:
+                    cells.append(T.pct(float(self.optimal[p].hit_rate([cap])[0])))
+            curves = [T.pct(float(self.models[p].hit_rate([cap])[0])) for p in self.exact_curves]
+            rows.append([T.tokens(cap), T.gib(cap, self.kv_bytes), *cells, *curves])
+        return rows
 
     def _optimal_models(self, sweep_result: Any) -> dict[str, Any]:
-        """The optimum of each engine at the report's block / page size (the sweep's, if given)."""
+        """The optimum of each engine that has one, at the report's block / page size (the sweep's, if given)."""
+        want = [s.name for s in self.specs if s.optimal]
         if sweep_result is not None and getattr(sweep_result, "optimal", None):
             found = {o.engine: o.model for o in sweep_result.optimal if o.model is not None}
-            if set(POLICIES) <= set(found):
-                return {p: found[p] for p in POLICIES}
-        from kvsim.engines.sglang.settings import RadixSettings
-        from kvsim.sweep.optimal import apc_optimal, radix_optimal
+            if set(want) <= set(found):
+                return {p: found[p] for p in want}
+        from kvsim.sweep.optimal_rows import build_model, model_key
 
-        sim = self.chosen_sim
-        rs = RadixSettings.from_options(sim)
-        return {"apc": apc_optimal(self.trace, sim.block_size, warmup=self.opts.warmup),
-                "radix": radix_optimal(self.trace, sim.page_size, warmup=self.opts.warmup, overlap=rs.overlap,
-                                       finish=rs.finish, max_new_tokens=rs.max_new_tokens,
-                                       chunked_prefill_size=rs.chunked_prefill_size)}
+        return {p: build_model(self.trace, model_key(_Chosen(p, self.chosen_sim)), self.opts.warmup) for p in want}
 
     def _optimal_series(self, policy: str, caps: np.ndarray) -> dict[str, Any]:
         model = self.optimal[policy]
         size = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in model.settings.items() if k.endswith("size"))
-        return {"policy": policy, "label": f"{T.POLICY_SHORT[policy]} optimum (any eviction, {size})",
+        return {"policy": policy, "label": f"{T.short(policy)} optimum (any eviction, {size})",
                 "setting": f"optimal-{policy}", "kind": "optimal", "capacity_tokens": caps,
                 "hit_rate": model.hit_rate(caps)}
 
@@ -302,17 +409,17 @@ class _Builder:
         series: list[dict[str, Any]] = []
         lo, _ = self._capacity_range()
         for c in result.curves:
-            if c.policy not in POLICIES:
+            if c.policy not in self.names:
                 continue
             setting = T.setting_label(c.policy, c.settings)
-            what = "exact" if c.policy == "apc" else "estimate"
+            what = "exact" if T.spec(c.policy).curve_exact else "estimate"
             keep = c.capacity_tokens >= lo  # below, the largest requests are rejected
             series.append({"policy": c.policy, "label": f"{setting}: one-pass curve ({what})", "setting": setting,
                            "kind": "curve", "capacity_tokens": c.capacity_tokens[keep], "hit_rate": c.hit_rate[keep]})
         for o in getattr(result, "optimal", []):
             size = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in o.settings.items() if k.endswith("size"))
             keep = o.capacity_tokens >= lo
-            series.append({"policy": o.engine, "label": f"{T.POLICY_SHORT[o.engine]} optimum (any eviction, {size})",
+            series.append({"policy": o.engine, "label": f"{T.short(o.engine)} optimum (any eviction, {size})",
                            "setting": f"optimal-{o.engine}-{size}", "kind": "optimal",
                            "capacity_tokens": o.capacity_tokens[keep], "hit_rate": o.hit_rate[keep]})
         frame = result.frame
@@ -326,7 +433,7 @@ class _Builder:
             y = sub["token_hit_rate"].to_numpy(np.float64)
             series.append({"policy": first["policy"], "label": f"{setting}: exact replays", "setting": setting,
                            "kind": "exact", "capacity_tokens": x, "hit_rate": y})
-            if "optimal_hit_rate" in sub and first["policy"] not in self.near:
+            if "optimal_hit_rate" in sub and first["policy"] not in self.near and T.spec(first["policy"]).optimal:
                 order = np.argsort(x)
                 self.near[first["policy"]] = _near_optimal(x[order], y[order],
                                                            sub["optimal_hit_rate"].to_numpy(np.float64)[order])
@@ -341,22 +448,21 @@ class _Builder:
     def _block_series(self) -> list[dict[str, Any]]:
         sim = self.opts.sim
         sizes = list(self.opts.block_sizes)
-        pages = sorted({1, *sizes})
-        apc = self._sweep("apc", [self.caps["apc"]], block_sizes=sizes)
-        radix = self._sweep("radix", [self.caps["radix"]], page_sizes=pages, eviction_policies=[sim.eviction_policy])
+        series = []
+        self.block_rates = {}
+        for s in self.specs:
+            units = sorted({1, *sizes}) if s.unit_name == "page" else sizes   # pages also at 1: token level
+            frame = self._sweep(s.name, [self.caps[s.name]], **{s.unit: units})
+            got = frame[s.unit].astype(int)
+            self.block_rates[s.name] = dict(zip(got, frame["token_hit_rate"]))
+            series.append({"policy": s.name, "label": f"{T.unit_label(s.name, sim)} at the chosen capacity (by "
+                           f"{s.unit_name} size)", "sizes": got.tolist(), "hit_rate": frame["token_hit_rate"].tolist()})
         ub = self.an["upper_bound"]
         bound_sizes = [1] + [b["block_size"] for b in ub["blocks"]]
         bound_rates = [ub["token"]["token_weighted_recompute"]] + [b["token_weighted_recompute"] for b in ub["blocks"]]
-        self.block_rates = {"apc": dict(zip(apc["block_size"].astype(int), apc["token_hit_rate"])),
-                            "radix": dict(zip(radix["page_size"].astype(int), radix["token_hit_rate"]))}
-        return [
-            {"policy": "apc", "label": "vLLM APC at the chosen capacity (by block size)",
-             "sizes": apc["block_size"].astype(int).tolist(), "hit_rate": apc["token_hit_rate"].tolist()},
-            {"policy": "radix", "label": f"SGLang radix ({sim.eviction_policy}) at the chosen capacity (by page size)",
-             "sizes": radix["page_size"].astype(int).tolist(), "hit_rate": radix["token_hit_rate"].tolist()},
-            {"policy": "bound", "label": "unlimited cache (upper bound, last token recomputed)", "sizes": bound_sizes,
-             "hit_rate": bound_rates, "dashed": True},
-        ]
+        series.append({"policy": "bound", "label": "unlimited cache (upper bound, last token recomputed)",
+                       "sizes": bound_sizes, "hit_rate": bound_rates, "dashed": True})
+        return series
 
     def _group_panels(self) -> list[dict[str, Any]]:
         from kvsim.drive.metrics import breakdown
@@ -375,25 +481,26 @@ class _Builder:
             counterfactual["salt"] = replace(tr, cache_salt=np.full(n, NONE, np.int32), salt_names=[])
         if (tr.lora != NONE).any():
             counterfactual["lora"] = replace(tr, lora=np.full(n, NONE, np.int32), lora_names=[])
-        shared_runs = {k: self._counted(run_simulation(t, list(POLICIES), self.chosen_sim))
+        shared_runs = {k: self._counted(run_simulation(t, list(self.names), self.chosen_sim))
                        for k, t in counterfactual.items()}
-        self.isolation_overall = {k: {p: _hit_rate(r[p], tr) for p in POLICIES} for k, r in shared_runs.items()}
+        self.isolation_overall = {k: {p: _hit_rate(r[p], tr) for p in self.names} for k, r in shared_runs.items()}
         panels = []
         for column in columns:
             which = "lora" if column == "lora" else "salt"
-            base = {p: breakdown(self.runs[p], tr, column) for p in POLICIES}
-            order = base["apc"].sort_values("prompt_tokens", ascending=False).index[:MAX_GROUPS]
+            base = {p: breakdown(self.runs[p], tr, column) for p in self.names}
+            first = base[self.names[0]]
+            order = first.sort_values("prompt_tokens", ascending=False).index[:MAX_GROUPS]
             series = []
-            for p in POLICIES:
+            for p in self.names:
                 series.append({"policy": p, "label": T.policy_label(p, self.chosen_sim),
                                "values": base[p].loc[order, "token_hit_rate"].tolist()})
                 if which in shared_runs:
                     alt = breakdown(shared_runs[which][p], tr, column)
                     series.append({"policy": p, "hatched": True,
-                                   "label": f"{T.POLICY_SHORT[p]}, {T.IGNORED[which]}",
+                                   "label": f"{T.short(p)}, {T.IGNORED[which]}",
                                    "values": alt.loc[order, "token_hit_rate"].tolist()})
             panels.append({"title": f"by {T.COLUMN_NAMES[column]}" + (
-                f" (largest {MAX_GROUPS} of {len(base['apc'])})" if len(base["apc"]) > MAX_GROUPS else ""),
+                f" (largest {MAX_GROUPS} of {len(first)})" if len(first) > MAX_GROUPS else ""),
                 "xlabel": f"{T.COLUMN_NAMES[column]} [name]", "groups": [str(g) for g in order],
                 "series": series, "column": column, "which": which})
         return panels
@@ -408,37 +515,59 @@ class _Builder:
     def _cap_text(self, policy: str) -> str:
         return T.capacity_text(self.caps[policy], self.kv_bytes)
 
+    def _one_capacity(self) -> bool:
+        """Do all engines replay at the same capacity?"""
+        return len(set(self.caps.values())) == 1
+
+    def _caps_text(self) -> str:
+        """The chosen capacity, or each engine's when they differ."""
+        if self._one_capacity():
+            return self._cap_text(self.names[0])
+        return ", ".join(f"{T.short(p)} {self._cap_text(p)}" for p in self.names)
+
     def _capacity_section(self, series: list[dict[str, Any]], rows: list[list[str]]) -> Section:
         bound = self.an["bound"]
         bounds = {f"unlimited cache, token level ({T.pct(bound['radix'])})": bound["radix"],
                   f"unlimited cache, APC block 16 ({T.pct(bound['block16'])})": bound["block16"]}
-        chosen = {"bound": self.caps["apc"]} if self.caps["apc"] == self.caps["radix"] else self.caps
+        chosen = {"bound": self.caps[self.names[0]]} if self._one_capacity() else self.caps
         near = getattr(self, "near", {})
-        marks = {p: (f"{T.POLICY_SHORT[p]} stays within {NEAR_OPTIMAL:.0%} of its optimum from", c)
+        marks = {p: (f"{T.short(p)} stays within {NEAR_OPTIMAL:.0%} of its optimum from", c)
                  for p, c in near.items()}
-        fig = F.capacity_chart(series, bounds, chosen=chosen, kv_bytes_per_token=self.kv_bytes, marks=marks)
+        fig = F.capacity_chart(series, bounds, chosen=chosen, kv_bytes_per_token=self.kv_bytes, marks=marks,
+                               colors=self.colors)
         from_sweep = getattr(self, "sweep_table", False)
         caption = T.capacity_caption(self.target_caps, self.opts.target_share, self.curve_error,
                                      from_sweep=from_sweep, near=near, near_share=NEAR_OPTIMAL,
-                                     radix_step=getattr(self, "radix_step", None))
-        chart = self._chart("capacity", fig, caption, "Line chart of token hit rate against KV cache capacity "
-                            "for vLLM APC and SGLang radix, with the optimum of each")
+                                     steps=getattr(self, "steps", {}), yardstick=self._yardstick_reach())
+        chart = self._chart("capacity", fig, caption, T.capacity_alt(self.names))
+        memory = ["memory"] if self.kv_bytes is not None else []
         if self.kv_bytes is None:  # no model: the memory column would be empty
             rows = [r[:1] + r[2:] for r in rows]
         if from_sweep:
             table = Table("Exact replays of the sweep, the optimum, and the one-pass estimate where available",
-                          ["capacity (tokens)"] + (["memory"] if self.kv_bytes is not None else [])
-                          + ["setting", "hit rate", "optimum", "one-pass"], rows)
+                          ["capacity (tokens)", *memory, "setting", "hit rate", "optimum", "one-pass"], rows)
         else:
-            table = Table("Exact replays, the optimum at the same capacities, and the APC one-pass curve",
-                          ["capacity (tokens)"] + (["memory"] if self.kv_bytes is not None else [])
-                          + ["APC hit rate", "APC optimum", "radix hit rate", "radix optimum", "APC one-pass"], rows)
+            table = Table(T.capacity_table_caption(bool(self.optimal), self.exact_curves),
+                          ["capacity (tokens)", *memory, *self._capacity_columns()], rows)
         charts = [chart]
         lab = self._block_policies_chart()
         if lab is not None:
             charts.append(lab)
         return Section("capacity", "Hit rate vs cache capacity", charts=charts, tables=[table],
                        paragraphs=[T.CAPACITY_INTRO, T.OPTIMAL_INTRO])
+
+    def _capacity_columns(self) -> list[str]:
+        """The columns of :meth:`_capacity_rows`."""
+        cols = []
+        for p in self.names:
+            cols += [f"{T.short(p)} hit rate"] + ([f"{T.short(p)} optimum"] if p in self.optimal else [])
+        return cols + [f"{T.short(p)} one-pass" for p in self.exact_curves]
+
+    def _yardstick_reach(self) -> str | None:
+        """The capacity caption's words for the yardstick curve, when it is no engine's."""
+        if self.yardstick[0] is not None or self._target() is None:
+            return None
+        return f"{self._yardstick_name()} (one-pass) at {T.human(self._target())} tokens"
 
     def _block_policies_chart(self) -> Chart | None:
         """kvcache-lab's view: block FIFO, block LRU and the optimum of a block store."""
@@ -477,18 +606,19 @@ class _Builder:
                            "for block FIFO, block LRU and the optimum of a block store")
 
     def _block_section(self, series: list[dict[str, Any]]) -> Section:
-        cap = (self._cap_text("apc") if self.caps["apc"] == self.caps["radix"]
-               else f"APC {self._cap_text('apc')}, radix {self._cap_text('radix')}")
-        fig = F.block_size_chart(series, f"capacity {cap}")
+        cap = self._caps_text()
+        title, xlabel = T.unit_axis(self.names)
+        fig = F.block_size_chart(series, f"capacity {cap}", title=title, xlabel=xlabel, colors=self.colors)
         caption = T.block_caption(self.block_rates, cap)
-        return Section("block-size", "Hit rate vs block size", charts=[self._chart(
-            "block_size", fig, caption, "Line chart of token hit rate against APC block size and radix page size")],
-            paragraphs=[T.BLOCK_INTRO])
+        alt = "Line chart of token hit rate against " + T.and_list(
+            f"{s.short} {s.unit_name} size" for s in self.specs)
+        return Section("block-size", "Hit rate vs block size", charts=[self._chart("block_size", fig, caption, alt)],
+                       paragraphs=[T.BLOCK_INTRO])
 
     def _fraction_section(self) -> Section:
-        fractions = {p: _fractions(self.runs[p], self.trace) for p in POLICIES}
-        labels = {p: f"{T.policy_label(p, self.chosen_sim)} at {self._cap_text(p)}" for p in POLICIES}
-        fig = F.cached_fraction_chart(fractions, labels)
+        fractions = {p: _fractions(self.runs[p], self.trace) for p in self.names}
+        labels = {p: f"{T.policy_label(p, self.chosen_sim)} at {self._cap_text(p)}" for p in self.names}
+        fig = F.cached_fraction_chart(fractions, labels, colors=self.colors)
         caption = T.fraction_caption(fractions)
         return Section("cached-fraction", "Cached share per request", charts=[self._chart(
             "cached_fraction", fig, caption, "Histogram of the cached share of each request's prompt")])
@@ -557,8 +687,9 @@ class _Builder:
             section.paragraphs.append("This trace has no tenants, cache salts or LoRA adapters: one namespace, "
                                       "nothing to break down.")
             return section
-        fig = F.group_chart(panels, title=f"Hit rate per group at the chosen capacity ({self._cap_text('apc')})")
-        caption = T.group_caption(self.isolation_overall, {p: _hit_rate(self.runs[p], self.trace) for p in POLICIES})
+        fig = F.group_chart(panels, title=f"Hit rate per group at the chosen capacity ({self._cap_text(self.names[0])})",
+                            colors=self.colors)
+        caption = T.group_caption(self.isolation_overall, {p: _hit_rate(self.runs[p], self.trace) for p in self.names})
         section.charts.append(self._chart("groups", fig, caption, "Bar charts of token hit rate per tenant and "
                                           "per LoRA adapter, with namespaces honoured and ignored"))
         return section
@@ -596,7 +727,7 @@ class _Builder:
 
     def _notes_section(self) -> Section:
         s = Section("notes", "Definitions and settings")
-        s.bullets.extend(T.definitions())
+        s.bullets.extend(T.definitions(self.names))
         s.tables.append(T.settings_table(self.trace, self.an, self.chosen_sim, self.chosen_source, self.opts,
                                          self.caps, self.kv_bytes))
         for note in self.an.get("notes", []):
@@ -606,19 +737,21 @@ class _Builder:
     def _key_numbers(self) -> tuple[list[KeyNumber], dict[str, Any]]:
         from kvsim.drive.metrics import summarize
 
-        summaries = {p: summarize(self.runs[p], self.trace, self.opts.calibration) for p in POLICIES}
+        summaries = {p: summarize(self.runs[p], self.trace, self.opts.calibration) for p in self.names}
         numbers = {
             "upper_bound_token": self.an["bound"]["token"], "upper_bound_radix": self.an["bound"]["radix"],
             "upper_bound_apc_block16": self.an["bound"]["block16"],
             "capacity_tokens": dict(self.caps), "capacity_source": self.chosen_source,
-            "hit_rate": {p: summaries[p]["token_hit_rate"] for p in POLICIES},
-            "cached_tokens": {p: summaries[p]["cached_tokens"] for p in POLICIES},
-            "prompt_tokens": {p: summaries[p]["prompt_tokens"] for p in POLICIES},
+            "hit_rate": {p: summaries[p]["token_hit_rate"] for p in self.names},
+            "cached_tokens": {p: summaries[p]["cached_tokens"] for p in self.names},
+            "prompt_tokens": {p: summaries[p]["prompt_tokens"] for p in self.names},
             "capacity_for_target": dict(self.target_caps), "target_share": self.opts.target_share,
-            "optimal_hit_rate": {p: self.optimal[p].at(self.caps[p]).hit_rate for p in POLICIES},
+            "target_capacity": self._target(), "target_from": self.yardstick[0],
+            "target_yardstick": None if self.yardstick[0] is not None else self._yardstick_name(),
+            "optimal_hit_rate": {p: self.optimal[p].at(self.caps[p]).hit_rate for p in self.optimal},
             "near_optimal_capacity": dict(getattr(self, "near", {})), "near_optimal_share": NEAR_OPTIMAL,
             "warmup": self.opts.warmup.as_dict(len(self.trace)) if self.opts.warmup.active else None,
-            "gpu_seconds_saved": ({p: summaries[p]["prefill_gpu_seconds_saved"] for p in POLICIES}
+            "gpu_seconds_saved": ({p: summaries[p]["prefill_gpu_seconds_saved"] for p in self.names}
                                   if self.opts.calibration is not None else None),
             "kv_bytes_per_token": self.kv_bytes,
             "recommendation": (self.an.get("recommendation") or {}).get("engine"),

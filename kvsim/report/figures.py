@@ -2,7 +2,8 @@
 
 Every function returns a :class:`matplotlib.figure.Figure` with a title and labelled axes
 (units in brackets); :func:`png_bytes` turns it into PNG bytes. No pyplot state is used, so
-nothing needs a display. Colours are fixed per policy: APC blue, radix orange.
+nothing needs a display. An engine's colour comes with the data (``colors``: policy -> colour,
+from its spec); the bound, the optimum and the block-level policies have fixed ones.
 """
 from __future__ import annotations
 
@@ -15,9 +16,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
-POLICY_COLORS = {"apc": "#2563a8", "radix": "#d9661f", "bound": "#6b7280", "block-lru": "#4d8a3a",
-                 "block-fifo": "#8c564b", "optimal": "#111111"}
-POLICY_NAMES = {"apc": "vLLM APC", "radix": "SGLang radix"}
+COLORS = {"bound": "#6b7280", "block-lru": "#4d8a3a", "block-fifo": "#8c564b", "optimal": "#111111"}
+OTHER = "#444444"            # a policy without a colour
 LINESTYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v")
 _WIDE = (8.6, 4.4)
@@ -37,6 +37,11 @@ def _style(ax, title: str, xlabel: str, ylabel: str) -> None:
     ax.grid(True, which="major", alpha=0.3, lw=0.6)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
+
+
+def _palette(colors: dict[str, str] | None) -> dict[str, str]:
+    """The fixed colours with the engines' (``colors``) over them."""
+    return {**COLORS, **(colors or {})}
 
 
 def tokens_label(x: float, _pos: Any = None) -> str:
@@ -60,7 +65,7 @@ def png_bytes(fig: Figure) -> bytes:
 def capacity_chart(series: Sequence[dict[str, Any]], bounds: dict[str, float] | None = None,
                    chosen: dict[str, float] | None = None, kv_bytes_per_token: int | None = None,
                    title: str = "Token hit rate vs KV cache capacity",
-                   marks: dict[str, tuple[str, float]] | None = None) -> Figure:
+                   marks: dict[str, tuple[str, float]] | None = None, colors: dict[str, str] | None = None) -> Figure:
     """Hit rate against usable KV capacity (log scale).
 
     ``series``: dicts with ``policy``, ``label``, ``kind`` ("curve" = a step line, "exact" =
@@ -69,8 +74,9 @@ def capacity_chart(series: Sequence[dict[str, Any]], bounds: dict[str, float] | 
     unlimited-cache rate (a dashed horizontal line). ``chosen``: policy -> capacity marked
     with a vertical line. ``marks``: policy -> (text, capacity), a triangle on the x axis
     (e.g. where an engine reaches 90% of the optimum), named in the legend. With ``kv_bytes_per_token`` a top
-    axis shows GiB.
+    axis shows GiB. ``colors``: policy -> colour.
     """
+    palette = _palette(colors)
     fig = _figure()
     ax = fig.add_subplot()
     style_of: dict[str, int] = {}
@@ -78,7 +84,7 @@ def capacity_chart(series: Sequence[dict[str, Any]], bounds: dict[str, float] | 
         x = np.asarray(s["capacity_tokens"], np.float64)
         y = np.asarray(s["hit_rate"], np.float64) * 100
         keep = np.isfinite(x) & (x > 0)
-        color = POLICY_COLORS.get(s["policy"], "#444444")
+        color = palette.get(s["policy"], OTHER)
         k = style_of.setdefault(s.get("setting", s["label"]), len(style_of))
         if s["kind"] == "curve":
             ax.plot(x[keep], y[keep], color=color, lw=2, ls=LINESTYLES[k % len(LINESTYLES)],
@@ -92,16 +98,16 @@ def capacity_chart(series: Sequence[dict[str, Any]], bounds: dict[str, float] | 
             ax.plot(x[keep], y[keep], ls="none", marker=MARKERS[k % len(MARKERS)], ms=6, mfc="white",
                     mec=color, mew=1.6, color=color, label=s["label"])
     for k, (label, rate) in enumerate((bounds or {}).items()):
-        ax.axhline(rate * 100, color=POLICY_COLORS["bound"], ls=LINESTYLES[(k + 1) % len(LINESTYLES)], lw=1,
+        ax.axhline(rate * 100, color=palette["bound"], ls=LINESTYLES[(k + 1) % len(LINESTYLES)], lw=1,
                    label=label)
     for policy, cap in (chosen or {}).items():
         if cap is not None and math.isfinite(cap):
-            ax.axvline(cap, color=POLICY_COLORS.get(policy, "#444444"), lw=1, alpha=0.6, ls="--")
+            ax.axvline(cap, color=palette.get(policy, OTHER), lw=1, alpha=0.6, ls="--")
             ax.annotate(f"chosen: {tokens_label(cap)}", (cap, 2), xytext=(4, 0), textcoords="offset points",
-                        fontsize=8, color=POLICY_COLORS.get(policy, "#444444"), rotation=90, va="bottom")
+                        fontsize=8, color=palette.get(policy, OTHER), rotation=90, va="bottom")
     for policy, (text, cap) in (marks or {}).items():
         if cap is not None and math.isfinite(cap):
-            color = POLICY_COLORS.get(policy, "#444444")
+            color = palette.get(policy, OTHER)
             ax.plot([cap], [0], marker="^", ms=9, color=color, clip_on=False, zorder=5, ls="none",
                     label=f"{text} ({tokens_label(float(f'{cap:.3g}'))})")
     ax.set_xscale("log")
@@ -121,24 +127,29 @@ def capacity_chart(series: Sequence[dict[str, Any]], bounds: dict[str, float] | 
 # -- hit rate vs block size -----------------------------------------------------------------
 
 def block_size_chart(series: Sequence[dict[str, Any]], capacity_text: str,
-                     title: str = "Token hit rate vs block / page size") -> Figure:
-    """Hit rate against block (APC) or page (radix) size, log2 axis.
+                     title: str = "Token hit rate vs block / page size",
+                     xlabel: str = "block / page size [tokens, log scale]",
+                     colors: dict[str, str] | None = None) -> Figure:
+    """Hit rate against each engine's KV unit (block or page size), log2 axis.
 
     ``series``: dicts with ``policy``, ``label``, ``sizes``, ``hit_rate`` and optional
-    ``dashed`` (the unlimited-cache bound).
+    ``dashed`` (the unlimited-cache bound). ``colors``: policy -> colour.
     """
+    palette = _palette(colors)
     fig = _figure()
     ax = fig.add_subplot()
     ticks: set[int] = set()
+    solid = 0
     for s in series:
         sizes = np.asarray(s["sizes"], np.float64)
         y = np.asarray(s["hit_rate"], np.float64) * 100
         ticks.update(int(v) for v in sizes)
-        color = POLICY_COLORS.get(s["policy"], "#444444")
+        color = palette.get(s["policy"], OTHER)
         ax.plot(sizes, y, color=color, ls="--" if s.get("dashed") else "-", lw=1.2 if s.get("dashed") else 2,
                 marker="o" if not s.get("dashed") else None, ms=5, label=s["label"])
         if not s.get("dashed"):
-            below = s["policy"] == "radix"  # APC values above the line, radix below: no overlap
+            below = solid % 2 == 1  # values of every other engine below its line: no overlap
+            solid += 1
             for xv, yv in zip(sizes, y):
                 ax.annotate(f"{yv:.1f}%", (xv, yv), xytext=(0, -12 if below else 6), textcoords="offset points",
                             ha="center", fontsize=7, color=color)
@@ -147,8 +158,7 @@ def block_size_chart(series: Sequence[dict[str, Any]], capacity_text: str,
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
     ax.set_ylim(0, 100)
     ax.yaxis.set_major_formatter(PercentFormatter())
-    _style(ax, f"{title} ({capacity_text})", "block size (APC) / page size (radix) [tokens, log scale]",
-           "token hit rate [% of prompt tokens]")
+    _style(ax, f"{title} ({capacity_text})", xlabel, "token hit rate [% of prompt tokens]")
     ax.legend(fontsize=8, loc="lower left", framealpha=0.9)
     return fig
 
@@ -156,18 +166,20 @@ def block_size_chart(series: Sequence[dict[str, Any]], capacity_text: str,
 # -- per-request cached fraction ------------------------------------------------------------
 
 def cached_fraction_chart(fractions: dict[str, np.ndarray], labels: dict[str, str] | None = None,
-                          bins: int = 20, title: str = "How much of each request was cached") -> Figure:
+                          bins: int = 20, title: str = "How much of each request was cached",
+                          colors: dict[str, str] | None = None) -> Figure:
     """Histogram of cached tokens / prompt tokens per admitted request, one bar colour per policy."""
+    palette = _palette(colors)
     fig = _figure()
     ax = fig.add_subplot()
     edges = np.linspace(0, 100, bins + 1)
     names = list(fractions)
     data = [np.clip(np.asarray(fractions[p], np.float64) * 100, 0, 100) for p in names]
-    ax.hist(data, bins=edges, color=[POLICY_COLORS.get(p, "#444444") for p in names],
+    ax.hist(data, bins=edges, color=[palette.get(p, OTHER) for p in names],
             label=[(labels or {}).get(p, p) for p in names], rwidth=0.9)
     for p, d in zip(names, data):
         if len(d):
-            ax.axvline(float(np.mean(d)), color=POLICY_COLORS.get(p, "#444444"), ls="--", lw=1)
+            ax.axvline(float(np.mean(d)), color=palette.get(p, OTHER), ls="--", lw=1)
     ax.set_xlim(0, 100)
     ax.xaxis.set_major_formatter(PercentFormatter())
     _style(ax, title, "cached share of the request's prompt [%] (dashed: mean)", "requests [count]")
@@ -269,13 +281,15 @@ def _fitting_label(segment: dict[str, Any], total: int, axes_px: float = 800.0) 
 
 # -- groups (tenants, adapters) -------------------------------------------------------------
 
-def group_chart(panels: Sequence[dict[str, Any]], title: str = "Hit rate per tenant and adapter") -> Figure:
+def group_chart(panels: Sequence[dict[str, Any]], title: str = "Hit rate per tenant and adapter",
+                colors: dict[str, str] | None = None) -> Figure:
     """Grouped bars, one panel per grouping column.
 
     ``panels``: dicts with ``title``, ``groups`` (names) and ``series`` (dicts with
     ``policy``, ``label``, ``values`` (fractions) and optional ``hatched`` = the
-    counterfactual with the namespace ignored).
+    counterfactual with the namespace ignored). ``colors``: policy -> colour.
     """
+    palette = _palette(colors)
     n = max(len(panels), 1)
     fig = _figure((8.6, 3.4 * n + 0.6))
     axes = fig.subplots(n, 1, squeeze=False)[:, 0]
@@ -285,7 +299,7 @@ def group_chart(panels: Sequence[dict[str, Any]], title: str = "Hit rate per ten
         k = len(panel["series"])
         w = 0.8 / max(k, 1)
         for j, s in enumerate(panel["series"]):
-            color = POLICY_COLORS.get(s["policy"], "#444444")
+            color = palette.get(s["policy"], OTHER)
             vals = np.asarray(s["values"], np.float64) * 100
             pos = x - 0.4 + w * (j + 0.5)
             if s.get("hatched"):
@@ -309,14 +323,16 @@ def group_chart(panels: Sequence[dict[str, Any]], title: str = "Hit rate per ten
 
 # -- under load (concurrent replay) ---------------------------------------------------------
 
-def load_hit_chart(bars: Sequence[dict[str, Any]], title: str = "Hit rate one at a time and under load") -> Figure:
+def load_hit_chart(bars: Sequence[dict[str, Any]], title: str = "Hit rate one at a time and under load",
+                   colors: dict[str, str] | None = None) -> Figure:
     """Bars of hit rate: ``bars`` are dicts with ``policy``, ``label`` and ``hit_rate``; bars with
-    ``sequential`` true are hatched (the one-request-at-a-time replay)."""
+    ``sequential`` true are hatched (the one-request-at-a-time replay). ``colors``: policy -> colour."""
+    palette = _palette(colors)
     fig = _figure((8.6, 3.8))
     ax = fig.add_subplot()
     x = np.arange(len(bars))
     for k, b in enumerate(bars):
-        color = POLICY_COLORS.get(b["policy"], "#444444")
+        color = palette.get(b["policy"], OTHER)
         v = float(b["hit_rate"]) * 100
         if b.get("sequential"):
             ax.bar(k, v, 0.7, facecolor="white", edgecolor=color, hatch="///", lw=1.2)
@@ -333,9 +349,11 @@ def load_hit_chart(bars: Sequence[dict[str, Any]], title: str = "Hit rate one at
     return fig
 
 
-def ttft_cdf_chart(series: Sequence[dict[str, Any]], title: str = "Time to first token under load") -> Figure:
+def ttft_cdf_chart(series: Sequence[dict[str, Any]], title: str = "Time to first token under load",
+                   colors: dict[str, str] | None = None) -> Figure:
     """Empirical CDFs of TTFT (log x axis): ``series`` are dicts with ``policy``, ``label``,
-    ``ttft`` (seconds) and ``dashed`` (the run without prefix caching)."""
+    ``ttft`` (seconds) and ``dashed`` (the run without prefix caching). ``colors``: policy -> colour."""
+    palette = _palette(colors)
     fig = _figure()
     ax = fig.add_subplot()
     for s in series:
@@ -344,7 +362,7 @@ def ttft_cdf_chart(series: Sequence[dict[str, Any]], title: str = "Time to first
         if not len(v):
             continue
         y = np.arange(1, len(v) + 1) / len(v) * 100
-        ax.plot(v, y, color=POLICY_COLORS.get(s["policy"], "#444444"), lw=1.2 if s.get("dashed") else 2,
+        ax.plot(v, y, color=palette.get(s["policy"], OTHER), lw=1.2 if s.get("dashed") else 2,
                 ls="--" if s.get("dashed") else "-", drawstyle="steps-post", label=s["label"])
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))

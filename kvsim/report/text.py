@@ -1,8 +1,9 @@
 """The report's words: number formats, captions (one sentence per chart), tables and key numbers.
 
-Everything here reads plain data (the analyze dict, summaries, rates) and returns strings or
-:class:`~kvsim.report.document.Table` objects; nothing here prints prompt text unless the
-analyze dict carries it (``--show-text``).
+Everything here reads plain data (the analyze dict, summaries, rates, keyed by policy) and
+returns strings or :class:`~kvsim.report.document.Table` objects; an engine's names come from
+its spec (:mod:`kvsim.engines.registry`). Nothing here prints prompt text unless the analyze
+dict carries it (``--show-text``).
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import numpy as np
 from kvsim import __version__
 from kvsim.report.document import KeyNumber, Table
 
-POLICY_SHORT = {"apc": "APC", "radix": "radix"}
 IGNORED = {"salt": "cache salts ignored", "lora": "adapters ignored"}
 COLUMN_NAMES = {"tenant": "tenant", "cache_salt": "cache salt", "lora": "LoRA adapter"}
 
@@ -72,20 +72,84 @@ def capacity_text(cap: float | None, kv_bytes: int | None = None) -> str:
     return f"{tokens(cap)} tokens" + (f" ({gib(cap, kv_bytes)})" if kv_bytes else "")
 
 
+def spec(policy: str) -> Any:
+    """The engine called ``policy`` (its :class:`~kvsim.engines.spec.EngineSpec`)."""
+    from kvsim.engines import registry
+
+    return registry.engine(policy)
+
+
+def short(policy: str) -> str:
+    """The engine's name in tight places: "APC"."""
+    return spec(policy).short
+
+
+def config(policy: str, sim: Any) -> dict[str, Any]:
+    """The settings of ``sim`` that ``policy`` reads: its unit and its sweep axes."""
+    s = spec(policy)
+    return {name: getattr(sim, name) for name in (s.unit, *s.axes)}
+
+
 def policy_label(policy: str, sim: Any) -> str:
-    if policy == "apc":
-        return f"vLLM APC (block {sim.block_size})"
-    if policy == "radix":
-        return f"SGLang radix (page {sim.page_size}, {sim.eviction_policy})"
-    return policy
+    """"vLLM APC (block 16)": the engine at the settings of ``sim``."""
+    return spec(policy).describe(config(policy, sim))
 
 
 def setting_label(policy: str, settings: dict[str, Any]) -> str:
-    if policy == "apc":
-        return f"APC block {settings.get('block_size')}"
-    if policy == "radix":
-        return f"radix page {settings.get('page_size')} {settings.get('eviction_policy', 'lru')}"
-    return str(policy)
+    """"APC block 16", "radix page 1 lru": a curve's or a sweep row's settings (a policy that
+    is no engine, as it is)."""
+    from kvsim.engines import registry
+
+    if policy not in registry.names():
+        return str(policy)
+    from kvsim.engines.options import SimOptions
+
+    s = spec(policy)
+    others = [str(settings.get(a, getattr(SimOptions, a))) for a in s.axes if a != s.unit]
+    return " ".join([s.short, s.unit_name, str(settings.get(s.unit)), *others])
+
+
+def unit_label(policy: str, sim: Any) -> str:
+    """"SGLang radix (lru)": the engine by name, with the settings it reads besides its unit."""
+    s = spec(policy)
+    others = [str(getattr(sim, a)) for a in s.axes if a != s.unit]
+    return s.label + (f" ({', '.join(others)})" if others else "")
+
+
+def unit_axis(policies: Any) -> tuple[str, str]:
+    """(title, x label) of the block-size chart: "block / page size", "block size (APC) / page
+    size (radix)"."""
+    units: dict[str, list[str]] = {}
+    for p in policies:
+        units.setdefault(spec(p).unit_name, []).append(short(p))
+    title = "Token hit rate vs " + " / ".join(units) + " size"
+    xlabel = " / ".join(f"{u} size ({', '.join(names)})" for u, names in units.items())
+    return title, xlabel + " [tokens, log scale]"
+
+
+def capacity_alt(policies: Any) -> str:
+    """The capacity chart in words, for a screen reader."""
+    with_optimum = [spec(p).label for p in policies if spec(p).optimal]
+    labels = [spec(p).label for p in policies]
+    text = "Line chart of token hit rate against KV cache capacity for " + and_list(labels)
+    if with_optimum == labels:
+        return text + ", with the optimum of each"
+    return text + (f", with the optimum of {and_list(with_optimum)}" if with_optimum else "")
+
+
+def capacity_table_caption(optimum: bool, curves: Any) -> str:
+    """What the capacity table holds besides the exact replays."""
+    curves = [short(p) for p in curves]
+    parts = ["Exact replays"] + (["the optimum at the same capacities"] if optimum else [])
+    if curves:
+        parts.append(f"the {and_list(curves)} one-pass curve" + ("s" if len(curves) > 1 else ""))
+    return ", ".join(parts[:-1]) + (", and " if len(parts) > 2 else " and ") + parts[-1] if len(parts) > 1 else parts[0]
+
+
+def and_list(items: Any) -> str:
+    """"a", "a and b", "a, b and c"."""
+    items = [str(i) for i in items]
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
 
 
 def trace_line(shape: dict[str, Any]) -> str:
@@ -104,24 +168,47 @@ def trace_line(shape: dict[str, Any]) -> str:
 
 # -- captions (one sentence each) ----------------------------------------------------------
 
+#: why an engine whose one-pass curve is of this kind is drawn by its exact replays
+APPROXIMATE = {"token_tree": "no one-pass model tracks its tree within a point"}
+
+
 def capacity_caption(target_caps: dict[str, float | None], share: float, errors: dict[str, float],
                      from_sweep: bool = False, near: dict[str, float | None] | None = None,
-                     near_share: float = 0.9, radix_step: float | None = None) -> str:
-    reach = [f"{POLICY_SHORT[p]} at {human(c)} tokens" for p, c in target_caps.items() if c is not None]
+                     near_share: float = 0.9, steps: dict[str, float | None] | None = None,
+                     yardstick: str | None = None) -> str:
+    """``target_caps``: policy -> the capacity its curve needs for ``share`` (None: no curve);
+    ``errors``: policy -> curve vs replay (the engines drawn by an exact curve); ``steps``:
+    policy -> the largest step between neighbouring replays (the engines drawn by replays);
+    ``yardstick``: the curve the capacity was read from when no engine has an exact one."""
+    reach = [f"{short(p)} at {human(c)} tokens" for p, c in target_caps.items() if c is not None]
+    if yardstick is not None:
+        reach = [yardstick] + reach
     head = (f"Read off the capacity a hit rate needs: {share:.0%} of the unlimited-cache rate takes "
             + " and ".join(reach) if reach else "Nothing is reused, so no capacity helps")
     close = ""
     if near:
-        parts = [f"{POLICY_SHORT[p]} from {human(c)} tokens on" if c is not None else f"{POLICY_SHORT[p]} nowhere "
+        parts = [f"{short(p)} from {human(c)} tokens on" if c is not None else f"{short(p)} nowhere "
                  "in this range" for p, c in near.items()]
         close = f"; each engine stays within {near_share:.0%} of its optimum (triangles): " + ", ".join(parts)
+    optimum = "; dotted: the optimum" if any(spec(p).optimal for p in target_caps) else ""
     if from_sweep:
-        return head + close + "; lines are one-pass curves (radix: an estimate), markers the sweep's exact replays."
-    err = "; ".join(f"{POLICY_SHORT[p]} within {100 * e:.1f} points" for p, e in errors.items())
-    step = "" if radix_step is None else f", neighbours at most {100 * radix_step:.1f} points apart"
-    return (head + close + "; APC: its one-pass curve (exact) and exact replays (circles"
-            + (f", curve vs replay {err}" if err else "") + f"); radix: exact replays joined by a line{step} (no "
-            "one-pass model tracks its tree within a point); dotted: the optimum.")
+        rough = [short(p) for p in target_caps if spec(p).curve and not spec(p).curve_exact]
+        return (head + close + "; lines are one-pass curves" + (f" ({', '.join(rough)}: an estimate)" if rough else "")
+                + ", markers the sweep's exact replays.")
+    drawn = [f"{short(p)}: its one-pass curve (exact) and exact replays (circles, curve vs replay {short(p)} "
+             f"within {100 * e:.1f} points)" for p, e in errors.items()]
+    drawn += [f"{short(p)}: exact replays joined by a line"
+              + ("" if step is None else f", neighbours at most {100 * step:.1f} points apart")
+              + f" ({replays_why(p)})" for p, step in (steps or {}).items()]
+    return head + close + "; " + "; ".join(drawn) + optimum + "."
+
+
+def replays_why(policy: str) -> str:
+    """Why the report draws ``policy``'s exact replays rather than a curve."""
+    s = spec(policy)
+    if s.curve is None:
+        return "it has no one-pass curve"
+    return APPROXIMATE.get(s.curve, "its one-pass curve is an estimate")
 
 
 def block_policies_caption(block: int, tail: str, warmup: str | None, exact: bool) -> str:
@@ -136,16 +223,23 @@ def block_policies_caption(block: int, tail: str, warmup: str | None, exact: boo
 
 
 def block_caption(rates: dict[str, dict[int, float]], cap: str) -> str:
-    apc = rates.get("apc", {})
-    radix = rates.get("radix", {})
-    if not apc:
+    """``rates``: policy -> its unit size -> hit rate. An engine with pages is read at page 1
+    (token level), the others from their smallest to their largest unit."""
+    parts = []
+    for p, r in rates.items():
+        s = spec(p)
+        if not r:
+            continue
+        if s.unit_name == "page":
+            if 1 in r:
+                parts.append(f"{s.short} reaches {pct(r[1])} at page 1")
+            continue
+        lo, hi = min(r), max(r)
+        parts.append(f"{s.short} goes from {pct(r[lo])} at {s.unit_name} {lo} to {pct(r[hi])} at {s.unit_name} {hi}")
+    if not parts:
         return f"Hit rate by block size at {cap}."
-    lo, hi = min(apc), max(apc)
-    text = (f"Smaller blocks share more: at {cap}, APC goes from {pct(apc[lo])} at block {lo} to {pct(apc[hi])} "
-            f"at block {hi}")
-    if 1 in radix:
-        text += f", radix reaches {pct(radix[1])} at page 1"
-    return text + ", and the dashed line is the unlimited-cache bound at each size."
+    return f"Smaller blocks share more: at {cap}, " + ", ".join(parts) + (
+        ", and the dashed line is the unlimited-cache bound at each size.")
 
 
 def fraction_caption(fractions: dict[str, np.ndarray]) -> str:
@@ -153,7 +247,7 @@ def fraction_caption(fractions: dict[str, np.ndarray]) -> str:
     for p, f in fractions.items():
         f = np.asarray(f, np.float64)
         if len(f):
-            parts.append(f"{POLICY_SHORT[p]}: mean {pct(float(f.mean()))}, {pct(float((f == 0).mean()), 0)} of "
+            parts.append(f"{short(p)}: mean {pct(float(f.mean()))}, {pct(float((f == 0).mean()), 0)} of "
                          f"requests get nothing, {pct(float((f >= 0.9).mean()), 0)} get 90% or more")
     return ("Bars on the right are requests served almost entirely from the cache and bars at 0% got nothing ("
             + "; ".join(parts) + ").")
@@ -189,8 +283,8 @@ def tree_caption(tree: dict[str, Any], top: list[dict[str, Any]]) -> str:
 
 def group_caption(overall: dict[str, dict[str, float]], base: dict[str, float]) -> str:
     """``overall``: namespace kind -> policy -> hit rate with it ignored; ``base``: honoured."""
-    costs = [f"{POLICY_SHORT[p]} {100 * (rates[p] - base[p]):+.1f} points with {IGNORED[which]}"
-             for which, rates in overall.items() for p in ("apc", "radix")]
+    costs = [f"{short(p)} {100 * (rates[p] - base[p]):+.1f} points with {IGNORED[which]}"
+             for which, rates in overall.items() for p in rates]
     text = "Solid bars are each group's hit rate at the chosen capacity"
     if costs:
         text += (", hatched bars the same groups if the namespace were shared, so the gap is the cost of "
@@ -272,7 +366,9 @@ def isolation_table(iso: dict[str, Any]) -> Table:
                  ["namespaces", "token level", "APC block 16", "cost (tokens)", "cost (points)"], rows)
 
 
-def definitions() -> list[str]:
+def definitions(policies: Any = ()) -> list[str]:
+    """The definitions of the notes; ``policies``: the report's engines (each beyond the
+    built-ins gets a line on how it is drawn)."""
     return [
         "Token hit rate: cached prompt tokens / prompt tokens of the admitted requests (SGLang's cached_tokens / "
         "prompt_tokens; vLLM's num_cached_tokens summed).",
@@ -289,7 +385,22 @@ def definitions() -> list[str]:
         "Estimated GPU time saved uses a gpu-validate calibration: fitted prefill seconds with and without the "
         "cached tokens.",
         "Privacy: no prompt text appears in this report unless it was made with --show-text.",
-    ]
+    ] + [_plugin_line(p) for p in policies if not _builtin(p)]
+
+
+def _builtin(policy: str) -> bool:
+    from kvsim.engines import registry
+
+    return policy in registry.BUILTIN
+
+
+def _plugin_line(policy: str) -> str:
+    """How the report draws an engine from a plugin."""
+    s = spec(policy)
+    curve = ("its one-pass curve and a few exact replays" if s.curve_exact
+             else f"its exact replays ({replays_why(policy)})")
+    return (f"{s.label} ({s.name}, a plugin engine following {s.release}'s rules): the report draws {curve}"
+            + ("" if s.optimal else ", and no optimum (its spec names none)") + ".")
 
 
 def settings_table(trace: Any, an: dict[str, Any], sim: Any, source: str, opts: Any,
@@ -297,9 +408,9 @@ def settings_table(trace: Any, an: dict[str, Any], sim: Any, source: str, opts: 
     rows = [
         ["sources", ", ".join(trace.meta.sources) or "-"],
         ["trace", trace_line(an["shape"])],
-        ["capacity", f"APC {capacity_text(caps['apc'], kv_bytes)}; radix {capacity_text(caps['radix'], kv_bytes)}"
-         f" — {source}"],
-        ["engine settings", f"{policy_label('apc', sim)}; {policy_label('radix', sim)}; vLLM profile "
+        ["capacity", "; ".join(f"{short(p)} {capacity_text(c, kv_bytes)}" for p, c in caps.items())
+         + f" — {source}"],
+        ["engine settings", "".join(f"{policy_label(p, sim)}; " for p in caps) + "vLLM profile "
          f"{sim.engine_version or '0.33 (default)'}"],
         ["block sizes charted", ", ".join(str(b) for b in opts.block_sizes)],
         ["model (GiB figures)", opts.model or "none (add --model for GiB)"],
@@ -316,6 +427,18 @@ def settings_table(trace: Any, an: dict[str, Any], sim: Any, source: str, opts: 
 
 # -- key numbers ---------------------------------------------------------------------------
 
+def _target_parts(n: dict[str, Any], kv: int | None) -> list[str]:
+    """The capacity for the target share by the curve it came from first, then each other
+    engine's curve."""
+    source = n["target_from"]
+    first = (f"{short(source)} {capacity_text(n['target_capacity'], kv)} (exact curve)" if source is not None
+             else f"{n['target_yardstick']} {capacity_text(n['target_capacity'], kv)} (no engine here has an exact "
+             "curve)")
+    others = [f"{short(p)} {capacity_text(c, kv)} ({'exact curve' if spec(p).curve_exact else 'estimate'})"
+              for p, c in n["capacity_for_target"].items() if p != source and c is not None]
+    return [first, *others]
+
+
 def key_numbers(n: dict[str, Any], summaries: dict[str, dict[str, Any]], an: dict[str, Any], sim: Any,
                 opts: Any) -> list[KeyNumber]:
     """The cards at the top of the page, from the figures in ``n`` (see ``ReportData.numbers``)."""
@@ -325,31 +448,28 @@ def key_numbers(n: dict[str, Any], summaries: dict[str, dict[str, Any]], an: dic
                      "of prompt tokens reusable at token level; APC 16-token blocks "
                      + pct(n["upper_bound_apc_block16"]))]
     best = n.get("optimal_hit_rate") or {}
-    for p, name in (("apc", "vLLM APC hit rate"), ("radix", "SGLang radix hit rate")):
-        s = summaries[p]
-        out.append(KeyNumber(name, pct(s["token_hit_rate"]),
-                             f"at {capacity_text(caps[p], kv)} ({policy_label(p, sim).split('(', 1)[1].rstrip(')')})"
+    for p, s in summaries.items():
+        out.append(KeyNumber(f"{spec(p).label} hit rate", pct(s["token_hit_rate"]),
+                             f"at {capacity_text(caps[p], kv)} ({policy_label(p, sim).partition('(')[2].rstrip(')')})"
                              + (f"; the optimum there is {pct(best[p])}" if best.get(p) is not None else "")
                              + (f"; {s['rejected']:,} request(s) never fit" if s["rejected"] else "")))
     total = max(n["prompt_tokens"].values())
-    out.append(KeyNumber("Prefill tokens saved",
-                         f"{human(n['cached_tokens']['apc'])} / {human(n['cached_tokens']['radix'])}",
-                         f"APC / radix, of {total:,} prompt tokens at the chosen capacity"))
+    names = " / ".join(short(p) for p in summaries)
+    out.append(KeyNumber("Prefill tokens saved", " / ".join(human(c) for c in n["cached_tokens"].values()),
+                         f"{names}, of {total:,} prompt tokens at the chosen capacity"))
     if n["gpu_seconds_saved"] is not None:
         cal = opts.calibration
         g = n["gpu_seconds_saved"]
-        out.append(KeyNumber("Estimated GPU time saved", f"{g['apc']:,.1f} s / {g['radix']:,.1f} s",
-                             f"APC / radix prefill GPU-seconds ({cal.model} on {cal.device}, {cal.dtype} calibration)"))
+        out.append(KeyNumber("Estimated GPU time saved", " / ".join(f"{v:,.1f} s" for v in g.values()),
+                             f"{names} prefill GPU-seconds ({cal.model} on {cal.device}, {cal.dtype} calibration)"))
     else:
         out.append(KeyNumber("Estimated GPU time saved", "not estimated",
                              "no calibration given: the saving is shown in tokens (pass --calibration from "
                              "kvsim gpu-validate for GPU-seconds)"))
-    t = n["capacity_for_target"]
     share = n["target_share"]
-    apc_cap = t.get("apc")
-    value = "-" if apc_cap is None else (gib(apc_cap, kv) if kv else f"{human(apc_cap)} tokens")
-    detail = (f"KV for {share:.0%} of the upper bound: APC {capacity_text(apc_cap, kv)} (exact curve)"
-              + (f", radix {capacity_text(t['radix'], kv)} (estimate)" if t.get("radix") is not None else ""))
+    target = n["target_capacity"]
+    value = "-" if target is None else (gib(target, kv) if kv else f"{human(target)} tokens")
+    detail = f"KV for {share:.0%} of the upper bound: " + ", ".join(_target_parts(n, kv))
     if kv is None:
         detail += "; add --model for GiB"
     out.append(KeyNumber(f"KV memory for {share:.0%} of the bound", value, detail))
