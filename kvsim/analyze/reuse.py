@@ -137,19 +137,20 @@ def build_prefix_index(
     id_first = np.zeros(id_cap, np.int64)
     id_parent = np.zeros(id_cap, np.int64)
     n_ids = 0
-    for start, stop in _chunks(offsets):
-        i = start
-        while i < stop:
-            i, n_ids = K.scan_blocks(tokens, offsets, ext_tokens, ext_offsets, root, G, i, stop, keys, vals,
-                                     n_ids, id_key, id_first, id_parent, blk_off, ids, k_blocks, src1)
-            if i < stop:
-                need = n_ids + int(seq_len[i] // G) + 1
-                keys, vals = grow_table(keys, vals, max(need, len(keys)))
-                if need > len(id_key):
-                    new_cap = max(2 * len(id_key), need)
-                    id_key, id_first, id_parent = (_resize(a, new_cap) for a in (id_key, id_first, id_parent))
-        if progress is not None:
-            progress(int(offsets[stop] - offsets[start]) // 2)
+
+    def scan_blocks(i: int, stop: int) -> int:
+        nonlocal keys, vals, n_ids, id_key, id_first, id_parent
+        i, n_ids = K.scan_blocks(tokens, offsets, ext_tokens, ext_offsets, root, G, i, stop, keys, vals,
+                                 n_ids, id_key, id_first, id_parent, blk_off, ids, k_blocks, src1)
+        if i < stop:  # the table or the node arrays are full: grow them
+            need = n_ids + int(seq_len[i] // G) + 1
+            keys, vals = grow_table(keys, vals, max(need, len(keys)))
+            if need > len(id_key):
+                new_cap = max(2 * len(id_key), need)
+                id_key, id_first, id_parent = (_resize(a, new_cap) for a in (id_key, id_first, id_parent))
+        return i
+
+    _scan_in_chunks(offsets, scan_blocks, progress, lambda n: n // 2)
     id_key, id_first, id_parent = id_key[:n_ids], id_first[:n_ids], id_parent[:n_ids]
     del keys, vals
 
@@ -163,15 +164,16 @@ def build_prefix_index(
     extra = np.zeros(n, np.int64)
     src2 = np.full(n, -1, np.int64)
     n_ent = 0
-    for start, stop in _chunks(offsets):
-        i = start
-        while i < stop:
-            i, n_ent = K.scan_tokens(tokens, offsets, ext_tokens, ext_offsets, root, G, i, stop, keys, vals,
-                                     n_ent, k_blocks, ids, blk_off, id_key, is_qparent, extra, src2)
-            if i < stop:
-                keys, vals = grow_table(keys, vals, 2 * len(keys))
-        if progress is not None:
-            progress(int(offsets[stop] - offsets[start]) - int(offsets[stop] - offsets[start]) // 2)
+
+    def scan_tokens(i: int, stop: int) -> int:
+        nonlocal keys, vals, n_ent
+        i, n_ent = K.scan_tokens(tokens, offsets, ext_tokens, ext_offsets, root, G, i, stop, keys, vals,
+                                 n_ent, k_blocks, ids, blk_off, id_key, is_qparent, extra, src2)
+        if i < stop:  # the table is full: grow it
+            keys, vals = grow_table(keys, vals, 2 * len(keys))
+        return i
+
+    _scan_in_chunks(offsets, scan_tokens, progress, lambda n: n - n // 2)
     reuse = k_blocks * G + extra
     source = np.where(extra > 0, src2, src1)
     source[reuse == 0] = -1
@@ -188,6 +190,22 @@ def _chunks(offsets: np.ndarray):
         stop = min(max(stop, start + 1), n)
         yield start, stop
         start = stop
+
+
+def _scan_in_chunks(offsets: np.ndarray, scan: Callable[[int, int], int], progress: Progress | None,
+                    share: Callable[[int], int]) -> None:
+    """Run a level's kernel over all requests, chunk by chunk (see :func:`_chunks`).
+
+    ``scan(i, stop)`` scans requests ``i..stop-1`` and returns where it stopped: before
+    ``stop`` only when its table was full, which it has grown, so the scan resumes there.
+    ``progress`` gets ``share(tokens)`` of each chunk's prompt tokens (the two levels split
+    them)."""
+    for start, stop in _chunks(offsets):
+        i = start
+        while i < stop:
+            i = scan(i, stop)
+        if progress is not None:
+            progress(share(int(offsets[stop] - offsets[start])))
 
 
 def _resize(a: np.ndarray, size: int) -> np.ndarray:
