@@ -116,15 +116,9 @@ class _Chosen:
     """One engine at the report's settings, as the sweep's optimum builder reads a sweep point."""
 
     policy: str
+    block_size: int
+    page_size: int
     sim: SimOptions
-
-    @property
-    def block_size(self) -> int:
-        return self.sim.block_size
-
-    @property
-    def page_size(self) -> int:
-        return self.sim.page_size
 
     def options(self) -> SimOptions:
         return self.sim
@@ -396,7 +390,9 @@ class _Builder:
                 return {p: found[p] for p in want}
         from kvsim.sweep.optimal_rows import build_model, model_key
 
-        return {p: build_model(self.trace, model_key(_Chosen(p, self.chosen_sim)), self.opts.warmup) for p in want}
+        sim = self.chosen_sim
+        return {p: build_model(self.trace, model_key(_Chosen(p, sim.block_size, sim.page_size, sim)), self.opts.warmup)
+                for p in want}
 
     def _optimal_series(self, policy: str, caps: np.ndarray) -> dict[str, Any]:
         model = self.optimal[policy]
@@ -455,8 +451,8 @@ class _Builder:
             frame = self._sweep(s.name, [self.caps[s.name]], **{s.unit: units})
             got = frame[s.unit].astype(int)
             self.block_rates[s.name] = dict(zip(got, frame["token_hit_rate"]))
-            series.append({"policy": s.name, "label": f"{T.unit_label(s.name, sim)} at the chosen capacity (by "
-                           f"{s.unit_name} size)", "sizes": got.tolist(), "hit_rate": frame["token_hit_rate"].tolist()})
+            series.append({"policy": s.name, "label": T.unit_series_label(s.name, sim), "sizes": got.tolist(),
+                           "hit_rate": frame["token_hit_rate"].tolist()})
         ub = self.an["upper_bound"]
         bound_sizes = [1] + [b["block_size"] for b in ub["blocks"]]
         bound_rates = [ub["token"]["token_weighted_recompute"]] + [b["token_weighted_recompute"] for b in ub["blocks"]]

@@ -109,11 +109,12 @@ def setting_label(policy: str, settings: dict[str, Any]) -> str:
     return " ".join([s.short, s.unit_name, str(settings.get(s.unit)), *others])
 
 
-def unit_label(policy: str, sim: Any) -> str:
-    """"SGLang radix (lru)": the engine by name, with the settings it reads besides its unit."""
+def unit_series_label(policy: str, sim: Any) -> str:
+    """"SGLang radix (lru) at the chosen capacity (by page size)": the engine's line of the
+    block-size chart, with the settings it reads besides its unit."""
     s = spec(policy)
     others = [str(getattr(sim, a)) for a in s.axes if a != s.unit]
-    return s.label + (f" ({', '.join(others)})" if others else "")
+    return s.label + (f" ({', '.join(others)})" if others else "") + f" at the chosen capacity (by {s.unit_name} size)"
 
 
 def unit_axis(policies: Any) -> tuple[str, str]:
@@ -138,12 +139,15 @@ def capacity_alt(policies: Any) -> str:
 
 
 def capacity_table_caption(optimum: bool, curves: Any) -> str:
-    """What the capacity table holds besides the exact replays."""
-    curves = [short(p) for p in curves]
+    """What the capacity table holds: exact replays, the optimum (``optimum``), the exact
+    curves of the engines ``curves``."""
+    names = [short(p) for p in curves]
     parts = ["Exact replays"] + (["the optimum at the same capacities"] if optimum else [])
-    if curves:
-        parts.append(f"the {and_list(curves)} one-pass curve" + ("s" if len(curves) > 1 else ""))
-    return ", ".join(parts[:-1]) + (", and " if len(parts) > 2 else " and ") + parts[-1] if len(parts) > 1 else parts[0]
+    if names:
+        parts.append(f"the {and_list(names)} one-pass curve" + ("s" if len(names) > 1 else ""))
+    if len(parts) == 3:
+        return f"{parts[0]}, {parts[1]}, and {parts[2]}"
+    return " and ".join(parts)
 
 
 def and_list(items: Any) -> str:
