@@ -15,7 +15,6 @@ One subprocess runs every job (``offload_vllm_driver.py``):
 """
 from __future__ import annotations
 
-import copy
 import json
 import sys
 from pathlib import Path
@@ -23,10 +22,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "oracle"))
-import offload_client  # noqa: E402
-from offload_manager_ops import interpret, random_script  # noqa: E402
+import offload_runs  # noqa: E402
+from offload_manager_ops import interpret  # noqa: E402
 from offload_replay import replay_calls, settings_of  # noqa: E402
-from sched_workloads import SchedMix, random_workload  # noqa: E402
+from offload_runs import PAGE  # noqa: E402
 
 from kvsim.tiers.vllm_connector import OffloadConnector  # noqa: E402
 from kvsim.tiers.vllm_offload import CPUOffloadManager, num_cpu_chunks  # noqa: E402
@@ -35,91 +34,14 @@ from kvsim.tiers.vllm_sequential import SequentialOffload  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 
-PAGE = 2 * 16 * 2 * 16 * 4           # one GPU block: 16 tokens x 2 heads x 16 dims x K,V x fp32 = 4 KiB
-SHAPE = {"block_size": 16, "kv_heads": 2, "head_size": 16}
-
-MANAGER_JOBS = [dict(kind="manager", seed=seed, capacity=cap, policy=policy, store_threshold=thr,
-                     tracker_size=tracker)
-                for seed, cap in enumerate((6, 12, 20, 9, 30, 4))
-                for policy in ("lru", "arc")
-                for thr, tracker in ((0, 64_000), (2, 5))]
-
-FAMILY = {c: list(range(1000 * (k + 1), 1000 * (k + 1) + 48)) for k, c in enumerate("ABCXY")}
-
-
-def w_workload(seq: str, outputs: int = 3) -> tuple[list, list]:
-    prompts = [FAMILY[c] + list(range(100_000 + 100 * i, 100_000 + 100 * i + 24)) for i, c in enumerate(seq)]
-    return prompts, [list(range(200_000 + 10 * i, 200_000 + 10 * i + outputs)) for i in range(len(seq))]
-
-
-def scenario_jobs(tmp: Path) -> dict[str, dict]:
-    """The acceptance workloads (offload.md §1.13) as driver jobs."""
-    out = {}
-
-    def job(name, prompts, outputs, arrival=None, **kw):
-        path = tmp / f"{name}.npz"
-        offload_client.write_workload(path, prompts, outputs, arrival or [0] * len(prompts))
-        out[name] = dict(kind="sched", workload=str(path), record=True, **{"cpu_bytes_to_use": 30 * PAGE, **SHAPE, **kw})
-
-    job("V1", *w_workload("ABCAA"), num_gpu_blocks=100)
-    job("V2", *w_workload("ABCAA"), num_gpu_blocks=10)
-    job("V2-async", *w_workload("ABCAA"), num_gpu_blocks=10, async_scheduling=True)
-    base = list(range(5000, 5200))
-    job("V5", [base, list(range(7000, 7100)), base[:48] + list(range(8000, 8152)), base], [[1, 2], [3], [4], [5]],
-        num_gpu_blocks=14, offload_block_size=64, cpu_bytes_to_use=30 * 4 * PAGE)
-    p, o = w_workload("AXA")
-    job("V6", p, [o[0][:1], o[1], o[2]], arrival=[0, 1, 1], num_gpu_blocks=6, mode="steps")
-    job("V7", *w_workload("AXAYA"), num_gpu_blocks=6, store_threshold=2)
-    return out
-
-
-RANDOM = [  # (mode, GPU blocks, CPU chunks, policy, threshold, offload block, async)
-    ("sequential", 24, 40, "lru", 0, 16, False),
-    ("sequential", 24, 40, "arc", 0, 16, False),
-    ("sequential", 20, 25, "lru", 2, 16, False),
-    ("sequential", 30, 12, "arc", 0, 32, False),
-    ("sequential", 24, 60, "lru", 0, 64, False),
-    ("sequential", 24, 3, "lru", 0, 16, False),        # a CPU tier smaller than a prompt: failures
-    ("sequential", 24, 30, "arc", 2, 32, True),
-    ("steps", 40, 30, "lru", 0, 16, False),
-    ("steps", 40, 20, "arc", 0, 32, False),
-    ("steps", 32, 30, "lru", 2, 16, True),
-    ("steps", 14, 16, "lru", 0, 16, False),             # GPU pressure: preemption
-    ("steps", 40, 6, "lru", 0, 16, False),              # pending stores of others: refused, retried
-]
-
-
-def random_jobs(tmp: Path) -> list[dict]:
-    jobs = []
-    for k, (mode, gpu, cpu, policy, thr, ob, async_) in enumerate(RANDOM):
-        mix = SchedMix(n=110, system_len=(16, 100), user_len=(1, 60), output_len=(1, 12), p_namespace=0.3,
-                       burst=(1, 6), gap=2.0)
-        w = random_workload(700 + k, mix)
-        path = tmp / f"random{k}.npz"
-        offload_client.write_workload(path, w.prompts, w.outputs, w.arrival, loras=w.loras, salts=w.salts)
-        jobs.append(dict(kind="sched", workload=str(path), record=True, mode=mode, num_gpu_blocks=gpu,
-                         cpu_bytes_to_use=cpu * PAGE * (ob // 16), eviction_policy=policy, store_threshold=thr,
-                         offload_block_size=ob, async_scheduling=async_, max_num_batched_tokens=256,
-                         max_num_seqs=8, **SHAPE))
-    return jobs
-
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory):
-    """Every job through the real vLLM code, in one subprocess."""
-    python, why = offload_client.oracle_python("vllm")
-    if python is None:
-        pytest.skip(why)
-    tmp = tmp_path_factory.mktemp("vllm-tier")
-    scenarios = scenario_jobs(tmp)
-    randoms = random_jobs(tmp)
-    managers = [dict(j, script=random_script(j["seed"])) for j in MANAGER_JOBS]
-    jobs = [*managers, *scenarios.values(), *randoms]
-    results = offload_client.run_jobs("vllm", copy.deepcopy(jobs), python)
-    n, s = len(managers), len(scenarios)
-    return {"managers": list(zip(managers, results[:n])),
-            "scenarios": {name: (job, r) for (name, job), r in zip(scenarios.items(), results[n:n + s])},
-            "random": list(zip(randoms, results[n + s:]))}
+def real():
+    """Every job through the real vLLM code, in one subprocess (shared with LMCache's jobs)."""
+    runs = offload_runs.vllm_and_lmcache()
+    if "skip" in runs:
+        pytest.skip(runs["skip"])
+    return runs
 
 
 class KvsimManager:

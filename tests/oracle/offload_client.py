@@ -31,7 +31,7 @@ PROBES = {
     "hicache": "from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache; "
                "from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost",
 }
-JSON_KINDS = {"manager", "storage", "pool"}
+JSON_KINDS = {"manager", "storage", "pool", "hicache"}
 _found: dict[str, tuple[Path | None, str]] = {}
 
 

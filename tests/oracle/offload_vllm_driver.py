@@ -21,6 +21,7 @@ Runs under the oracle interpreter, never imports kvsim. Usage:
   evictions, threshold skips). With ``record`` the connector calls the scheduler made,
   and what they returned, are written to ``out + ".calls.json"`` (block hashes as ints,
   numbered by first appearance) for replaying kvsim's connector on the same calls.
+- ``"storage"``: an LMCache job of ``offload_lmcache_driver.py``, run in this process.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 import warnings
 from collections import deque
 
@@ -439,11 +441,30 @@ def run_sched_job(job: dict) -> None:
             json.dump(rec.calls, f)
 
 
+def run_storage_job(job: dict, k: int) -> None:
+    """An LMCache job (``offload_lmcache_driver.py``), in this process: LMCache's token
+    database imports vLLM anyway, so one process pays for the import once."""
+    import offload_lmcache_driver
+    offload_lmcache_driver.run_storage_job(job, k)
+
+
 def main() -> None:
-    with open(sys.argv[1]) as f:
-        jobs = json.load(f)
-    for job in jobs:
-        {"manager": run_manager_job, "sched": run_sched_job}[job["kind"]](job)
+    code = 1
+    try:
+        with open(sys.argv[1]) as f:
+            jobs = json.load(f)
+        for k, job in enumerate(jobs):
+            if job["kind"] == "storage":
+                run_storage_job(job, k)
+            else:
+                {"manager": run_manager_job, "sched": run_sched_job}[job["kind"]](job)
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)   # LMCache's engines leave threads running
 
 
 if __name__ == "__main__":
