@@ -111,28 +111,28 @@ def _next_use(node, request_end, num_nodes):
     return out
 
 
+@njit(cache=True, inline="always")
+def _first_miss(node, start, end, cached):
+    """The first of a request's blocks ``start..end-1`` not cached (``end`` when all are):
+    a hit counts only while every earlier block of the request hit."""
+    i = start
+    while i < end and cached[node[i]]:
+        i += 1
+    return i
+
+
 @njit(cache=True)
-def _fifo(node, tokens, request_end, num_nodes, capacity, warmup):
+def _fifo(node, request_end, num_nodes, capacity, warmup):
     in_cache = np.zeros(num_nodes, np.bool_)
     queue = np.empty(len(node) + 1, np.int64)
     head = tail = 0
     size = 0
     filled = False
-    hit = total = 0
+    first_miss = np.empty(len(request_end), np.int64)
     start = 0
     for r in range(len(request_end)):
         end = request_end[r]
-        measured = r >= warmup
-        alive = True
-        for i in range(start, end):
-            x = node[i]
-            h = in_cache[x]
-            if measured:
-                total += tokens[i]
-                if alive and h:
-                    hit += tokens[i]
-            if not h:
-                alive = False
+        first_miss[r] = _first_miss(node, start, end, in_cache)
         for i in range(start, end):
             x = node[i]
             if in_cache[x]:
@@ -153,7 +153,7 @@ def _fifo(node, tokens, request_end, num_nodes, capacity, warmup):
                 if size >= capacity and r < warmup:
                     filled = True
         start = end
-    return hit, total, filled
+    return first_miss, filled
 
 
 @njit(cache=True, inline="always")
@@ -204,7 +204,7 @@ def _hpop(hk, hn, hv, hsize, max_heap):
 
 
 @njit(cache=True)
-def _trie(node, tokens, request_end, parent, nxt, capacity, warmup, optimal):
+def _trie(node, request_end, parent, nxt, capacity, warmup, optimal):
     nn = len(parent)
     present = np.zeros(nn, np.bool_)
     children = np.zeros(nn, np.int64)
@@ -224,30 +224,21 @@ def _trie(node, tokens, request_end, parent, nxt, capacity, warmup, optimal):
     clock = 0
     mark_value = 1
     filled = False
-    hit = total = 0
+    first_miss = np.empty(len(request_end), np.int64)
     start = 0
     for r in range(len(request_end)):
         end = request_end[r]
-        measured = r >= warmup
-        alive = True
-        for i in range(start, end):
+        first_miss[r] = _first_miss(node, start, end, present)
+        for i in range(start, first_miss[r]):  # the hits are touched first to last
             x = node[i]
-            h = present[x]
-            if measured:
-                total += tokens[i]
-                if alive and h:
-                    hit += tokens[i]
-            if alive and h:
-                if optimal:
-                    key[x] = nxt[i]
-                else:
-                    clock += 1
-                    key[x] = clock
-                if children[x] == 0:  # push_leaf
-                    version[x] += 1
-                    hsize = _hpush(hk, hn, hv, hsize, key[x], x, version[x], optimal)
-            elif not h:
-                alive = False
+            if optimal:
+                key[x] = nxt[i]
+            else:
+                clock += 1
+                key[x] = clock
+            if children[x] == 0:  # push_leaf
+                version[x] += 1
+                hsize = _hpush(hk, hn, hv, hsize, key[x], x, version[x], optimal)
         mark_value += 1
         mark[0] = mark_value
         for i in range(start, end):
@@ -307,7 +298,7 @@ def _trie(node, tokens, request_end, parent, nxt, capacity, warmup, optimal):
             else:
                 break
         start = end
-    return hit, total, filled
+    return first_miss, filled
 
 
 @dataclass
@@ -333,12 +324,22 @@ def simulate(events: BlockEvents, policy: str, capacity_blocks: int, warmup_requ
         total = int(events.tokens[(int(events.request_end[warmup_requests - 1]) if warmup_requests else 0):].sum())
         return LabResult(policy, cap, 0, total, False)
     if policy == "fifo":
-        h, t, f = _fifo(events.node, events.tokens, events.request_end, len(events.parent), cap, warmup_requests)
+        first_miss, f = _fifo(events.node, events.request_end, len(events.parent), cap, warmup_requests)
     else:
         nxt = events.next_use() if next_use is None else next_use
-        h, t, f = _trie(events.node, events.tokens, events.request_end, events.parent, nxt, cap, warmup_requests,
-                        policy == "belady")
-    return LabResult(policy, cap, int(h), int(t), bool(f))
+        first_miss, f = _trie(events.node, events.request_end, events.parent, nxt, cap, warmup_requests,
+                              policy == "belady")
+    return LabResult(policy, cap, *_measured(events, first_miss, warmup_requests), bool(f))
+
+
+def _measured(events: BlockEvents, first_miss: np.ndarray, warmup: int) -> tuple[int, int]:
+    """(hit tokens, tokens) of the requests after the first ``warmup``: a request hits the
+    blocks before its ``first_miss``."""
+    if warmup >= events.num_requests:
+        return 0, 0
+    starts = np.r_[0, events.request_end[:-1]].astype(np.int64)[warmup:]
+    cum = np.r_[0, np.cumsum(events.tokens)].astype(np.int64)
+    return int((cum[first_miss[warmup:]] - cum[starts]).sum()), int(cum[-1] - cum[starts[0]])
 
 
 def lab_hit_rates(trace: Trace, policy: str, capacity_blocks, block_size: int | None = None,

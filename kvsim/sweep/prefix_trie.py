@@ -118,24 +118,11 @@ def _rehash(old_n, old_t, old_v, keys_n, keys_t, vals):
 
 
 @njit(cache=True)
-def _paths(tok_a, off_a, tok_b, off_b, W, ns, roots, d1, tkey_node, tkey_tok, tval, path_off, out):
-    """Each chain as its list of node ids, root side first."""
-    mask = len(tval) - 1
-    k = 0
-    for r in range(len(W)):
-        node = roots[ns[r]]
-        depth = 0
-        while depth < W[r]:
-            i = _slot(tkey_node, tkey_tok, mask, node, _tok(r, depth, tok_a, off_a, tok_b, off_b))
-            node = tval[i]
-            out[k] = node
-            k += 1
-            depth = d1[node]
-        path_off[r + 1] = k
+def _paths(tok_a, off_a, tok_b, off_b, W, ns, roots, d1, tkey_node, tkey_tok, tval, path_off, out, write):
+    """Walk each chain's nodes, root side first; returns how many there are on all chains.
 
-
-@njit(cache=True)
-def _count_path(tok_a, off_a, tok_b, off_b, W, ns, roots, d1, tkey_node, tkey_tok, tval):
+    With ``write``, chain r's node ids go to ``out[path_off[r]:path_off[r + 1]]`` (a first
+    walk without it sizes ``out``)."""
     mask = len(tval) - 1
     k = 0
     for r in range(len(W)):
@@ -143,8 +130,12 @@ def _count_path(tok_a, off_a, tok_b, off_b, W, ns, roots, d1, tkey_node, tkey_to
         depth = 0
         while depth < W[r]:
             node = tval[_slot(tkey_node, tkey_tok, mask, node, _tok(r, depth, tok_a, off_a, tok_b, off_b))]
+            if write:
+                out[k] = node
             k += 1
             depth = d1[node]
+        if write:
+            path_off[r + 1] = k
     return k
 
 
@@ -235,10 +226,11 @@ class PrefixTrie:
             return
         args = (self.tok_a, self.off_a, self.tok_b, self.off_b, self.W, self.ns, self.roots, self.d1,
                 self.tkey_node, self.tkey_tok, self.tval)
-        total = int(_count_path(*args))
+        none = np.zeros(0, np.int64)
+        total = int(_paths(*args, none, none, False))
         self.path_off = np.zeros(len(self.W) + 1, np.int64)
         self.path_nodes = np.zeros(max(total, 1), np.int64)
-        _paths(*args, self.path_off, self.path_nodes)
+        _paths(*args, self.path_off, self.path_nodes, True)
 
     def path(self, r: int) -> np.ndarray:
         """The node ids of request ``r``'s chain, root side first."""

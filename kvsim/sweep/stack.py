@@ -38,6 +38,20 @@ NEVER = np.int64(1) << np.int64(60)   # a threshold no capacity reaches
 _LOW = np.uint64(0xFFFFFFFF)
 
 
+@njit(cache=True, inline="always")
+def _lower_bound(values, top, x):
+    """The first index of the ascending ``values[:top]`` whose value is ``>= x`` (``top``
+    when there is none): a binary search."""
+    a, z = 0, top
+    while a < z:
+        mid = (a + z) >> 1
+        if values[mid] < x:
+            a = mid + 1
+        else:
+            z = mid
+    return a
+
+
 @njit(cache=True)
 def stack_pass(keys, key_off, cap, phi, foot, measured, unit_w, last_w, ghost_phi, forward, dedup,
                out_thr, out_w):
@@ -107,24 +121,12 @@ def stack_pass(keys, key_off, cap, phi, foot, measured, unit_w, last_w, ghost_ph
             extra = 0
             if lo <= r - 1 and ptop > 0:
                 # latest request with min-old-slot < s (stack values increase bottom to top)
-                a, z = 0, mtop
-                while a < z:
-                    mid = (a + z) >> 1
-                    if mst_v[mid] < s:
-                        a = mid + 1
-                    else:
-                        z = mid
+                a = _lower_bound(mst_v, mtop, s)
                 start = lo
                 if a > 0 and mst_i[a - 1] > start:
                     start = mst_i[a - 1]
                 # max phi over requests start..r-1: first candidate with index >= start
-                a, z = 0, ptop
-                while a < z:
-                    mid = (a + z) >> 1
-                    if pst_i[mid] < start:
-                        a = mid + 1
-                    else:
-                        z = mid
+                a = _lower_bound(pst_i, ptop, start)
                 if a < ptop:
                     extra = pst_v[a]
             d = above + 1 + extra
