@@ -51,6 +51,7 @@ class EngineSpec:
     scheduler: str | None = None   # module with scheduler_settings(...) and make_engine(...)
     serve: str | None = None       # the ServeEngine adapter class
     validate: str | None = None    # gpu-validate: build_cache_model(trace, options)
+    events: str | None = None      # KV events for fleet routers: module with record, sequential, scheduler_settings
 
     # -- settings ----------------------------------------------------------------------
     def settings(self, options: Any) -> Any:
@@ -127,6 +128,15 @@ class EngineSpec:
         adapter = load(self.serve)(options, implementation)
         adapter.policy = self.name
         return adapter
+
+    # -- KV events (fleets) ------------------------------------------------------------------
+    def kv_events(self) -> Any:
+        """The module that makes this engine publish its KV events (``record(engine)`` ->
+        ``drain()``, ``sequential(spec, settings)``, ``scheduler_settings(settings)``)."""
+        if self.events is None:
+            raise ConfigError(f"the {self.name} engine publishes no KV events; choose a router that "
+                              "needs none (not dynamo mode=events, not llmd_precise)")
+        return importlib.import_module(self.events)
 
     def build_cache_model(self, trace: Any, options: Any) -> Any:
         """gpu-validate's view of the reference model (block tables of running requests)."""

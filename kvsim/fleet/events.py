@@ -42,3 +42,16 @@ class AllBlocksCleared:
 
 
 KvEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+
+
+def from_engine(event: tuple) -> KvEvent:
+    """An engine's plain event tuple (``kvsim.engines.*.events``) as a :data:`KvEvent`."""
+    kind = event[0]
+    if kind == "stored":
+        _, hashes, parent, tokens, block_size, lora, salt = event
+        return BlockStored(tuple(hashes), parent, tokens, block_size, lora, salt)
+    if kind == "removed":
+        return BlockRemoved(tuple(event[1]))
+    if kind == "cleared":
+        return AllBlocksCleared()
+    raise ValueError(f"unknown KV event {kind!r}")

@@ -258,6 +258,13 @@ class SglangEngine:
         """``get_num_allocatable_reqs``: request slots left for new prefills."""
         return min(self.settings.max_running_requests - running_bs, max(self.rows_free + held_rows, 0))
 
+    def load(self) -> tuple[int, int, float]:
+        """What a router polls: waiting requests, running ones (those holding a request slot)
+        and ``token_usage`` (tokens neither free nor evictable, over the pool)."""
+        s = self.settings
+        free = self.cache.available_size + self.cache.evictable_size
+        return len(self.waiting), s.max_running_requests - self.rows_free, max(0.0, 1.0 - free / s.capacity)
+
     # -- the loop ----------------------------------------------------------------------
     def has_work(self) -> bool:
         return bool(self.waiting) or bool(self.running.reqs) or self.chunked_req is not None \

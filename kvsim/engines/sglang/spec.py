@@ -30,6 +30,7 @@ class RadixSpec(EngineSpec):
     report = "kvsim.engines.sglang.stats:replay_report"
     scheduler = "kvsim.engines.sglang.scheduler"
     serve = "kvsim.engines.sglang.serve:RadixServeEngine"
+    events = "kvsim.engines.sglang.events"
 
     @property
     def extra_keys(self) -> tuple[str, ...]:

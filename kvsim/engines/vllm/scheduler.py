@@ -443,6 +443,14 @@ class VllmEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_requests() or bool(self.queue)
 
+    def load(self) -> tuple[int, int, float]:
+        """What a router polls: waiting and running requests, and ``kv_cache_usage_perc``
+        (1 - free / usable blocks, docs/engines/apc.md §5.2)."""
+        sched = self.scheduler
+        usable = self.settings.num_gpu_blocks - 1
+        usage = 1.0 - sched.cache.num_free_blocks / usable if usable > 0 else 0.0
+        return len(sched.waiting), len(sched.running), usage
+
     def idle(self) -> None:
         """vLLM's busy loop just waits for input."""
 

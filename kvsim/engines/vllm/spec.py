@@ -26,6 +26,7 @@ class APCSpec(EngineSpec):
     report = "kvsim.engines.vllm.metrics:replay_report"
     scheduler = "kvsim.engines.vllm.scheduler"
     serve = "kvsim.engines.vllm.serve:ApcServeEngine"
+    events = "kvsim.engines.vllm.events"
 
     def check_concurrent(self, options: Any) -> None:
         super().check_concurrent(options)

@@ -1,0 +1,70 @@
+"""The fleet's hit-rate attribution: what any routing could give, what this routing captured.
+
+- ``fleet_bound``: one unlimited cache shared by every replica: the log, in the order the
+  replicas took its requests, replayed sequentially through the engine's rules with an
+  unlimited capacity: each distinct prefix is computed once in the whole fleet.
+- ``routed_bound``: an unlimited cache per replica, under this routing: each replica's
+  sub-log, in the order it took them, replayed the same way: each distinct prefix is
+  computed once per replica that sees it.
+- ``delivered``: the replay itself, with the real capacities, eviction and (``steps`` /
+  ``timed``) batching.
+
+Per request, the fleet bound >= the routed bound (a replica's unlimited cache holds a
+subset of the fleet's, everything else equal) >= delivered (a limited cache holds a
+subset of the unlimited one's; requests sent concurrently only see less, with a queue
+order that keeps arrival order: vLLM's fcfs and priority-0 queues, SGLang's fcfs). The
+rates are over the requests the delivered replay admitted, so the ordering carries over.
+The gaps name the fix: fleet - routed is lost to routing, routed - delivered to memory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsim.drive.sequential import replay
+from kvsim.engines.options import SimOptions
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Per request, the cached tokens of the two unlimited replays."""
+
+    fleet: np.ndarray        # int64 (n,): one unlimited cache for the whole fleet
+    routed: np.ndarray       # int64 (n,): an unlimited cache per replica
+
+
+def unlimited(options: SimOptions) -> SimOptions:
+    """The same options with an unlimited capacity (every capacity source cleared)."""
+    return dataclasses.replace(options, capacity_tokens=math.inf, num_gpu_blocks=None, max_total_tokens=None,
+                               kv_cache_memory=None)
+
+
+def _cached(policy: str, trace, order: np.ndarray, options: SimOptions) -> np.ndarray:
+    """Cached tokens per request of an unlimited sequential replay of ``trace[order]``, in log order."""
+    out = np.zeros(len(trace), np.int64)
+    if not len(order):
+        return out
+    identity = len(order) == len(trace) and bool((order == np.arange(len(trace))).all())
+    r = replay(policy, trace if identity else trace.select(order), options)
+    out[order] = np.where(r.rejected, 0, r.cached_tokens)
+    return out
+
+
+def bounds(policy: str, trace, options: SimOptions, replica: np.ndarray, order: np.ndarray) -> Bounds:
+    """Both bounds for a routing (``replica`` per request) and the order the replicas took them."""
+    opts = unlimited(options)
+    order = np.asarray(order, np.int64)
+    routed = np.zeros(len(trace), np.int64)
+    of = replica[order]
+    for r in np.unique(of):
+        routed += _cached(policy, trace, order[of == r], opts)
+    return Bounds(_cached(policy, trace, order, opts), routed)
+
+
+def rate(cached: np.ndarray, prompt: np.ndarray, counted: np.ndarray) -> float:
+    """Σ cached / Σ prompt over the ``counted`` requests."""
+    p = int(prompt[counted].sum())
+    return int(cached[counted].sum()) / p if p else 0.0

@@ -1,0 +1,248 @@
+"""N replicas on one clock behind a router (``--replay steps|timed`` with ``--replicas``).
+
+Each replica is a stepped engine (:class:`kvsim.drive.clock.SteppedEngine`) with its own
+timeline: in ``steps`` every step lasts one tick, in ``timed`` what the step-cost model
+says for that replica's batch, so replicas run in parallel and drift apart. A discrete-event
+loop advances them:
+
+1. The next event is the earliest of: the next request reaching the router (its release
+   time), and the next turn of a replica (its clock, when it has work or requests routed to
+   it). An arrival goes first at a tie, as the single-engine clock adds the requests
+   released by ``now`` before the step that starts then.
+2. An arrival is routed at its release time: the router gets every replica's load
+   (``engine.load()``: waiting, running, KV usage) and names a replica; the request waits
+   there until that replica's next turn.
+3. A replica's turn is one turn of :func:`kvsim.drive.clock.run`'s loop on its own clock:
+   an idle replica jumps to its first routed request; it takes the requests routed to it by
+   now, then one step (or, in ``steps``, a stretch that only decodes: ``fast_forward``, up
+   to the next arrival and, with closed-loop sessions, to the end of another busy
+   replica's step, whose finishing reply could release a session's next turn).
+4. After the turn the router hears what happened on that replica: ``prefill_done`` at a
+   request's first token, ``finished`` at its end (a rejected request at once), and, for
+   routers fed by engine events, the replica's KV events.
+
+With one replica the turns are exactly those of :func:`kvsim.drive.clock.run`, so the
+results are the single engine's, request for request (``tests/test_fleet_driver.py``).
+The router's clock is in seconds: the timed clock itself, or ``step x --step-seconds``
+(one second per step when it is not given) on the step clock.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvsim.drive.clock import Releases, Timeline
+from kvsim.engines.base import StepResult
+from kvsim.fleet.base import IDLE, ReplicaLoad, Router
+from kvsim.fleet.config import RouteRequests
+from kvsim.fleet.events import from_engine
+
+
+@dataclass
+class FleetTimeline:
+    """What the fleet clock saw: per request its replica and release, per replica its timeline."""
+
+    replica: np.ndarray                      # int64 (n,): -1 never routed
+    released: np.ndarray                     # when each request reached the router (ticks or seconds)
+    order: list[int]                         # requests in the order replicas took them
+    lines: list[Timeline]                    # per replica: step starts and ends (timed)
+    steps: list[int]                         # per replica: steps taken
+    clocks: list[float]                      # per replica: its clock at the end
+    peak_waiting: list[int] = field(default_factory=list)
+    peak_running: list[int] = field(default_factory=list)
+    first_scheduled: np.ndarray | None = None    # timed: start of the first step that computed for it
+    prefill_tokens: np.ndarray | None = None
+    decode_tokens: np.ndarray | None = None
+
+
+def _load(engine) -> ReplicaLoad:
+    load = getattr(engine, "load", None)
+    return IDLE if load is None else ReplicaLoad(*load())
+
+
+def run_fleet(engines: Sequence, router: Router, requests: RouteRequests, releases: Releases, cost=None,
+              step_seconds: float | None = None, drains: Sequence[Callable[[], list]] | None = None,
+              progress: Callable[[int], None] | None = None) -> tuple[StepResult, FleetTimeline]:
+    """Drive ``engines`` behind ``router`` until every request is released and finished.
+
+    ``cost``: the step-cost model (timed clock, seconds), else the step clock. ``drains``:
+    per replica, the engine's KV-event drain (routers with ``needs_events``). Returns the
+    fleet's step results (one :class:`StepResult` shared by the replicas, by request index;
+    step numbers are each replica's own) and the timeline.
+    """
+    N, n = len(engines), len(releases.at)
+    result = StepResult.empty(engines[0].result.engine, n)
+    for e in engines:
+        e.result = result               # every replica writes its requests' rows
+    timed = cost is not None
+    unit = 1.0 if step_seconds is None else float(step_seconds)
+    at = releases.at.tolist()
+    after = releases.after.tolist() if releases.after is not None else [-1] * n
+    gap = releases.gap.tolist() if releases.gap is not None else [0] * n
+    followers: dict[int, list[int]] = {}
+    pending: list = []
+    for i in range(n):
+        if after[i] >= 0:
+            followers.setdefault(after[i], []).append(i)
+        else:
+            pending.append((at[i], i))
+    heapq.heapify(pending)
+    local: list[list] = [[] for _ in range(N)]      # per replica: routed, not yet taken (when, i)
+    clock: list = [0.0 if timed else 0] * N
+    steps = [0] * N
+    lines = [Timeline() for _ in range(N)]
+    replica = np.full(n, -1, np.int64)
+    released = np.full(n, np.nan) if timed else np.full(n, -1, np.int64)
+    order: list[int] = []
+    line = FleetTimeline(replica, released, order, lines, steps, clock, [0] * N, [0] * N)
+    live: dict[int, object] = {}                    # routed requests not finished: RouteRequest
+    wants_first = type(router).prefill_done is not Router.prefill_done
+    first_due: list[set[int]] = [set() for _ in range(N)]
+    ff = [getattr(e, "fast_forward", None) for e in engines]
+    seen = 0
+    now_of = [0.0] * N                              # step start, for on_batch (timed)
+
+    if timed:
+        line.first_scheduled = np.full(n, np.nan)
+        line.prefill_tokens = np.zeros(n, np.int64)
+        line.decode_tokens = np.zeros(n, np.int64)
+        batches: list[list[float]] = [[] for _ in range(N)]
+
+        def batch_hook(r: int):
+            batch, first, pre, dec = batches[r], line.first_scheduled, line.prefill_tokens, line.decode_tokens
+
+            def on_batch(step, reqs, new, context, decode):
+                batch.append(cost.seconds(new, context))
+                t = now_of[r]
+                for i, k, d in zip(reqs, new, decode):
+                    if first[i] != first[i]:        # NaN: its first scheduled step
+                        first[i] = t
+                    if d:
+                        dec[i] += k
+                    else:
+                        pre[i] += k
+            return on_batch
+        for r, e in enumerate(engines):
+            e.on_batch = batch_hook(r)
+
+    def seconds(t) -> float:
+        return float(t) if timed else float(t) * unit
+
+    def step_end(r: int, step: int) -> float:
+        """Router seconds at the end of replica ``r``'s step ``step``."""
+        return lines[r].step_end[step] if timed else (step + 1) * unit
+
+    def release_followers(i: int, when) -> None:
+        for j in followers.pop(i, ()):
+            heapq.heappush(pending, (when + gap[j], j))
+
+    def route_due(until) -> None:
+        """Route every request released by ``until`` (their replicas' clocks are all at or past it)."""
+        while pending and pending[0][0] <= until:
+            when, i = heapq.heappop(pending)
+            t = seconds(when)
+            req = requests.request(i, t)
+            r = router.route(req, [_load(e) for e in engines], t)
+            replica[i] = r
+            live[i] = req
+            heapq.heappush(local[r], (when, i))
+
+    def after_turn(r: int) -> None:
+        nonlocal seen
+        fin = result.finished
+        while seen < len(fin):          # replies that just finished (on replica r)
+            i = fin[seen]
+            seen += 1
+            t = step_end(r, int(result.finish_step[i]))
+            req = live.pop(i)
+            if wants_first and i in first_due[r]:
+                first_due[r].discard(i)
+                router.prefill_done(req, r, step_end(r, int(result.first_token_step[i])))
+            router.finished(req, r, t)
+            if i in followers:
+                release_followers(i, lines[r].step_end[result.finish_step[i]] if timed else clock[r])
+        if wants_first and first_due[r]:
+            out = [i for i in first_due[r] if result.first_token_step[i] >= 0]
+            for i in out:
+                first_due[r].discard(i)
+                router.prefill_done(live[i], r, step_end(r, int(result.first_token_step[i])))
+        if drains is not None:
+            t = seconds(clock[r])
+            for ev in drains[r]():
+                router.kv_event(r, from_engine(ev), t)
+        w, run_, _ = _load(engines[r])
+        if w > line.peak_waiting[r]:
+            line.peak_waiting[r] = w
+        if run_ > line.peak_running[r]:
+            line.peak_running[r] = run_
+
+    turns = 0
+    while True:
+        turns += 1
+        if progress is not None and turns % 512 == 0:
+            progress(len(result.finished) + int(result.rejected.sum()))
+        best_r, best_t = -1, math.inf
+        for r in range(N):
+            if engines[r].has_work():
+                t = clock[r]
+            elif local[r]:
+                t = max(clock[r], local[r][0][0])
+            else:
+                continue
+            if t < best_t:
+                best_r, best_t = r, t
+        if pending and pending[0][0] <= best_t:
+            route_due(pending[0][0])
+            continue
+        if best_r < 0:
+            break
+        r, e, mine = best_r, engines[best_r], local[best_r]
+        # one turn of kvsim.drive.clock.run, on replica r's clock
+        if not e.has_work():
+            e.idle()
+            clock[r] = max(clock[r], mine[0][0])
+        now = clock[r]
+        now_of[r] = now
+        while True:
+            route_due(now)              # (a rejected request's next turn may be due at once)
+            if not (mine and mine[0][0] <= now):
+                break
+            when, i = heapq.heappop(mine)
+            released[i] = when
+            order.append(i)
+            e.add(i)
+            if result.rejected[i]:      # never runs: the router hears it finished
+                router.finished(live.pop(i), r, seconds(when))
+                release_followers(i, when)
+            elif wants_first:
+                first_due[r].add(i)
+        if not timed and ff[r] is not None:
+            horizon = min(pending[0][0] if pending else 1 << 62, mine[0][0] if mine else 1 << 62) - now
+            if followers:               # another busy replica may end a turn, releasing its next one
+                others = [clock[q] + 1 for q in range(N) if q != r and engines[q].has_work()]
+                if others:
+                    horizon = min(horizon, min(others) - now)
+            taken = ff[r](now, horizon)
+            if taken:
+                clock[r] += taken
+                steps[r] += taken
+                after_turn(r)
+                continue
+        if e.step(steps[r] if timed else now):
+            if timed:
+                lines[r].step_start.append(now)
+                clock[r] = now + (batches[r].pop() if batches[r] else 0.0)
+                lines[r].step_end.append(clock[r])
+            else:
+                clock[r] = now + 1
+            steps[r] += 1
+        after_turn(r)
+    for e in engines:
+        e.idle()
+    if progress is not None:
+        progress(n)
+    return result, line

@@ -1,0 +1,141 @@
+"""The concurrent fleet replay: ``kvsim simulate --replay steps|timed --replicas N --router NAME``.
+
+Per policy: N scheduler models, each configured as ``--replay steps|timed`` configures one
+engine today (:func:`kvsim.drive.concurrent.scheduler_settings`: capacity and scheduler
+limits per replica), behind a fresh router, on the fleet clock (:mod:`kvsim.fleet.clock`).
+A router fed by engine events gets engines that publish them (``EngineSpec.kv_events``:
+vLLM's readable KV-cache manager, SGLang's tree as it is). Timed: TTFT and end-to-end
+latency per request from its replica's timeline, and the same fleet (a fresh router)
+without prefix caching for the time the cache saves. The result is a
+:class:`~kvsim.drive.concurrent.ConcurrentRun`, so the single-engine summary, rows and
+terminal view apply unchanged, plus the fleet's own figures.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from kvsim.drive.clock import Releases
+from kvsim.drive.concurrent import (ConcurrentRun, ReplayMode, check_supported, engine_inputs, releases_for,
+                                    scheduler_settings)
+from kvsim.drive.timed import TimedResult, make_engine, without_prefix_caching
+from kvsim.engines import registry
+from kvsim.engines.base import StepResult
+from kvsim.engines.options import SimOptions
+from kvsim.fleet.base import Router
+from kvsim.fleet.bounds import Bounds, bounds
+from kvsim.fleet.clock import FleetTimeline, run_fleet
+from kvsim.fleet.config import FleetSpec, RouteRequests, checked_router
+from kvsim.fleet.summary import fleet_summary
+
+
+@dataclass
+class FleetRun(ConcurrentRun):
+    """One policy's concurrent fleet replay: a ConcurrentRun plus the fleet's own record."""
+
+    fleet: FleetSpec | None = None
+    line: FleetTimeline | None = None
+    router: Router | None = None
+    bounds: Bounds | None = None
+
+    @property
+    def replica(self) -> np.ndarray:
+        return self.line.replica
+
+    def fleet_summary(self, trace) -> dict[str, Any]:
+        s = self.steps
+        served_ttft = None if self.timed is None else self.timed.ttft
+        return fleet_summary(self.fleet, self.router, trace, self.line.replica, s.cached_tokens, s.rejected,
+                             np.ones(len(trace), bool), self.bounds, _capacity_tokens(self.settings),
+                             mode=self.mode, peaks=(self.line.peak_waiting, self.line.peak_running),
+                             ttft=served_ttft, steps=self.line.steps)
+
+
+def _capacity_tokens(settings) -> int | None:
+    """A replica's KV capacity in tokens, from its scheduler settings."""
+    for name, per in (("num_gpu_blocks", "block_size"), ("capacity", None)):
+        value = getattr(settings, name, None)
+        if value is not None:
+            return int(value) if per is None else (int(value) - 1) * int(getattr(settings, per))
+    return None
+
+
+def fleet_replay_once(spec, settings, fleet: FleetSpec, options: SimOptions, trace, inputs: dict[str, Any],
+                      requests: RouteRequests, releases: Releases, cost, mode: ReplayMode,
+                      progress: Callable[[int], None] | None = None) -> tuple[StepResult, FleetTimeline, Router]:
+    """One pass of the fleet clock over fresh replicas and a fresh router."""
+    router = checked_router(fleet, spec, options, trace)
+    drains = None
+    if router.needs_events:
+        kv = spec.kv_events()
+        settings = kv.scheduler_settings(settings)
+    engines = [make_engine(settings, **inputs) for _ in range(fleet.replicas)]
+    if router.needs_events:
+        drains = [kv.record(e) for e in engines]
+    result, line = run_fleet(engines, router, requests, releases, cost, mode.step_seconds, drains, progress)
+    result.steps = max(line.clocks) if cost is None else sum(line.steps)
+    return result, line, router
+
+
+def fleet_timed(result: StepResult, line: FleetTimeline) -> TimedResult:
+    """Latencies of a timed fleet run: each request's steps on its replica's timeline."""
+    n = len(result.rejected)
+    first, finish = np.full(n, np.nan), np.full(n, np.nan)
+    busy = 0.0
+    for r, tl in enumerate(line.lines):
+        idx = np.flatnonzero(line.replica == r)
+        end = np.asarray(tl.step_end + [np.nan])        # index -1 (never) -> NaN
+        first[idx] = end[result.first_token_step[idx]]
+        finish[idx] = end[result.finish_step[idx]]
+        busy += float(sum(e - s for s, e in zip(tl.step_start, tl.step_end)))
+    released = np.asarray(line.released, np.float64)
+    served = ~result.rejected
+    makespan = float(np.nanmax(finish) - np.nanmin(released)) if served.any() else 0.0
+    return TimedResult(result, released, line.first_scheduled - released, first - released, finish - released,
+                       line.prefill_tokens, line.decode_tokens, busy, makespan, int(result.output_tokens.sum()))
+
+
+def run_fleet_concurrent(trace, policies: list[str], options: SimOptions, mode: ReplayMode, fleet: FleetSpec,
+                         progress: Callable[[str, int], Callable[[int], None]] | None = None) -> dict[str, FleetRun]:
+    """Replay ``trace`` through a fleet of each policy's scheduler model."""
+    from kvsim.drive.step_cost import step_cost
+
+    trace.require_tokens(f"--replay {mode.mode}")
+    check_supported(policies, options)
+    cost = step_cost(options.model, options.gpu, mode.calibration) if mode.mode == "timed" else None
+    releases = releases_for(trace, mode)
+    inputs = engine_inputs(trace)
+    requests = RouteRequests(trace)
+    runs: dict[str, FleetRun] = {}
+    for policy in policies:
+        spec = registry.engine(policy)
+        settings, note = scheduler_settings(policy, options, mode, trace)
+        t0 = time.perf_counter()
+
+        def once(s, label: str):
+            update = progress(f"{label} ({policy}, {fleet.replicas} replicas)", len(trace)) if progress else None
+            return fleet_replay_once(spec, s, fleet, options, trace, inputs, requests, releases, cost, mode, update)
+
+        result, line, router = once(settings, f"replaying {mode.mode}")
+        r = FleetRun(policy, spec.family, mode.mode, settings, note, result, line.released, fleet=fleet, line=line,
+                     router=router)
+        if cost is not None:
+            r.timed = fleet_timed(result, line)
+            r.uncached = fleet_timed(*once(without_prefix_caching(settings), "without prefix caching")[:2])
+            r.cost = cost.describe()
+        r.bounds = bounds(policy, trace, options, line.replica, np.asarray(line.order, np.int64))
+        r.elapsed_s = time.perf_counter() - t0
+        runs[policy] = r
+    return runs
+
+
+def fleet_frame(r: FleetRun, trace):
+    """``concurrent_frame`` with each request's ``replica`` beside its ``request_id``."""
+    from kvsim.drive.concurrent import concurrent_frame
+
+    frame = concurrent_frame(r, trace)
+    frame.insert(2, "replica", r.line.replica)
+    return frame
