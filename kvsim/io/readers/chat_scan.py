@@ -200,7 +200,7 @@ def scan_chat_lines(buf, words, bounds, status, spans, counts, elems, known, key
     of those lines' message lists, ``filled[0]`` of them; room for this block's lines is made
     by the caller).
     Returns the rows written."""
-    epos = 0
+    epos = np.int64(0)  # typed, not a literal 0: numba would compile _scan_line twice
     for k in range(len(bounds) - 1):
         e0 = epos
         status[k], epos = _scan_line(buf, words, bounds[k], bounds[k + 1], elems, epos, spans[k])

@@ -212,9 +212,9 @@ def _scan_line(buf, start, end, tokens, tpos, outs, opos, spans):
             if spans[slot] >= 0 or buf[i] != _LBRACKET:
                 return DECLINED, t0, o0, 0  # repeated key, or not an array
             if is_prompt:
-                j, tpos, m = _parse_ids(buf, i, end, tokens, tpos, False)
+                j, tpos, m = _parse_ids(buf, i, end, tokens, tpos, slot == 2)
             else:
-                j, opos, m = _parse_ids(buf, i, end, outs, opos, True)
+                j, opos, m = _parse_ids(buf, i, end, outs, opos, slot == 2)
             if j < 0:
                 return DECLINED, t0, o0, 0
             if m > top:
@@ -252,8 +252,9 @@ def scan_lines(buf, bounds, tokens, outs, status, spans, counts):
     order), ``status[k]``, ``spans[k]`` (prompt start, end, output start, end) and
     ``counts[k]`` (prompt ids, output ids). Returns (ids in tokens, ids in outs, max id).
     """
-    tpos = 0
-    opos = 0
+    # typed zeros, not literals: a literal argument makes numba compile the callee once more
+    tpos = np.int64(0)
+    opos = np.int64(0)
     top = 0
     for k in range(len(bounds) - 1):
         t0, o0 = tpos, opos

@@ -241,7 +241,7 @@ def split_words(data, bounds, first, sp_bytes, sp_starts, sp_ids, sp_first,
         mark_items, mark_spans = state[ITEMS], state[SPANS]
         p = a
         run = a
-        high = False
+        high = np.bool_(False)  # typed, not a literal: numba would compile _split_run twice
         while p <= b:
             k = -1
             if p < b:
@@ -266,7 +266,7 @@ def split_words(data, bounds, first, sp_bytes, sp_starts, sp_ids, sp_first,
             state[ITEMS] += 1
             p += sp_starts[k + 1] - sp_starts[k]
             run = p
-            high = False
+            high = np.bool_(False)
         text_ends[t] = state[ITEMS]
     return len(bounds) - 1, DONE
 
