@@ -29,6 +29,28 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def _attend(q, k, v, keep, m_i, l_i, acc, qk_scale, p_dtype: tl.constexpr, DOT_FP32: tl.constexpr,
+            PRECISION: tl.constexpr):
+    """One online-softmax step: the keys ``k`` [D, N] and values ``v`` [N, D] that ``keep``
+    allows, folded into the running row max ``m_i``, sum ``l_i`` and output ``acc`` (fp32;
+    base-2 exponents, ``qk_scale`` includes log2(e)). Returns the new (m_i, l_i, acc)."""
+    if DOT_FP32:
+        k = k.to(tl.float32)
+    qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+    qk = tl.where(keep, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    p = p.to(p_dtype)
+    if DOT_FP32:
+        p = p.to(tl.float32)
+        v = v.to(tl.float32)
+    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
 @triton.jit(do_not_specialize=["cached_len", "new_len", "page_size", "group"])
 def _prefill_attention_kernel(
     Q, K_new, V_new, K_cache, V_cache, Out, BlockTable,
@@ -64,23 +86,11 @@ def _prefill_attention_kernel(
         k = tl.load(K_cache + page[None, :] * stride_kcp + slot[None, :] * stride_kco
                     + kv_head * stride_kch + offs_d[:, None],
                     mask=n_valid[None, :] & d_valid[:, None], other=0.0)
-        if DOT_FP32:
-            k = k.to(tl.float32)
-        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale
-        qk = tl.where(n_valid[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(V_cache + page[:, None] * stride_vcp + slot[:, None] * stride_vco
                     + kv_head * stride_vch + offs_d[None, :],
                     mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-        p = p.to(V_cache.dtype.element_ty)
-        if DOT_FP32:
-            p = p.to(tl.float32)
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _attend(q, k, v, n_valid[None, :], m_i, l_i, acc, qk_scale,
+                                V_cache.dtype.element_ty, DOT_FP32, PRECISION)
 
     # 2) the new tokens themselves, causally (new token i sees new tokens 0..i).
     end_n = tl.minimum(new_len, (pid_m + 1) * BLOCK_M)
@@ -89,23 +99,11 @@ def _prefill_attention_kernel(
         n_valid = offs_n < new_len
         k = tl.load(K_new + offs_n[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
                     mask=n_valid[None, :] & d_valid[:, None], other=0.0)
-        if DOT_FP32:
-            k = k.to(tl.float32)
-        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale
-        keep = n_valid[None, :] & (offs_m[:, None] >= offs_n[None, :])
-        qk = tl.where(keep, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(V_new + offs_n[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
                     mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-        p = p.to(V_cache.dtype.element_ty)
-        if DOT_FP32:
-            p = p.to(tl.float32)
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-        m_i = m_new
+        keep = n_valid[None, :] & (offs_m[:, None] >= offs_n[None, :])
+        m_i, l_i, acc = _attend(q, k, v, keep, m_i, l_i, acc, qk_scale, V_cache.dtype.element_ty,
+                                DOT_FP32, PRECISION)
 
     l_i = tl.where(l_i == 0.0, 1.0, l_i)  # rows past new_len only; never stored
     out = acc / l_i[:, None]
