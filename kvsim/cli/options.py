@@ -348,3 +348,28 @@ ENGINE = Group("engine", {
     "eviction_amount": _rad(str, "--eviction-amount", "shortfall (SGLang 0.5.23: need - free) or need (older "
                             "releases).", DEFAULT["radix_eviction_amount"]),
 }, EngineOptions)
+
+
+# -- fleets: N replicas behind a router (simulate; sweep takes comma lists) -------------------
+FLEET_PANEL = "Fleet (--replicas)"
+#: the routers' --router names (kvsim.fleet.routers.ROUTERS; a test checks they agree)
+ROUTER_NAMES = ("round_robin", "random", "least_load", "power_of_two", "session", "cache_aware", "prefix_hash",
+                "dynamo", "llmd_approx", "llmd_precise", "prefixaware")
+
+
+def _fleet(replicas=None, router=None, router_option=None):
+    from kvsim.fleet.config import fleet_from_cli
+
+    return fleet_from_cli(replicas, router, router_option)
+
+
+#: the fleet options: the command receives a kvsim.fleet.config.FleetSpec, or None without --replicas
+FLEET = Group("fleet", {
+    "replicas": option(Optional[int], "--replicas", "Replicas of the engine, each one as the options above configure "
+                       "it (capacity and scheduler limits are per replica), behind --router (docs/fleet.md).",
+                       FLEET_PANEL),
+    "router": option(Optional[str], "--router", f"The router in front of them: {', '.join(ROUTER_NAMES)} (default "
+                     "round_robin).", FLEET_PANEL),
+    "router_option": option(Optional[list[str]], "--router-option", "A router option KEY=VALUE, named as the router "
+                            "names it (repeatable; docs/engines/routers.md).", FLEET_PANEL),
+}, _fleet)

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from kvsim.cli.app import app, console
-from kvsim.cli.options import CalibrationFileOpt, ENGINE, INPUT, DEFAULT, EngineOptions, LogInput, LogPaths, PolicyOpt, WarmupOpt, with_groups
+from kvsim.cli.options import CalibrationFileOpt, ENGINE, FLEET, INPUT, DEFAULT, EngineOptions, LogInput, LogPaths, PolicyOpt, WarmupOpt, with_groups
 from kvsim.cli.replay_options import (SCHEDULER, ArrivalFromOpt, ArrivalsOpt, ReplayOpt, SpeedupOpt, StepSecondsOpt,
                                       replay_mode)
 
@@ -18,7 +18,7 @@ _RAD = "SGLang radix settings"
 
 
 @app.command()
-@with_groups(SCHEDULER, ENGINE, INPUT)
+@with_groups(SCHEDULER, ENGINE, INPUT, FLEET)
 def simulate(
     logs: LogPaths,
     policy: PolicyOpt = "apc",
@@ -44,6 +44,7 @@ def simulate(
     scheduler: dict = None,
     engine: EngineOptions = None,
     log_input: LogInput = None,
+    fleet: object = None,
 ) -> None:
     """Replay a prompt log through faithful models of vLLM APC and SGLang RadixAttention.
 
@@ -52,7 +53,8 @@ def simulate(
     excluded); [bold]SGLang logged hit rate[/] = #cached-token / (#cached-token + page-rounded
     #new-token); [bold]request hit rate[/] = share of requests with any cached token;
     [bold]evictions[/] = blocks (APC) or leaves (radix) evicted. Without a capacity option the
-    cache is unlimited (the upper bound).
+    cache is unlimited (the upper bound). With [bold]--replicas N[/], N such engines behind
+    [bold]--router[/]: the summary adds the fleet's bound, the routed bound and each replica.
     """
     from kvsim.outputs import check_output_path
     from kvsim.engines.registry import resolve_policies
@@ -68,6 +70,10 @@ def simulate(
         raise ConfigError("--concurrency is retired: use --replay steps or --replay timed")
     mode = replay_mode(replay, arrival_from, step_seconds, arrivals, speedup, calibration, **scheduler)
     options = engine.sim_options(finish=finish)
+    if fleet is not None:
+        simulate_fleet(logs, names, options, mode, fleet, json_out, per_request, html, warmup, calibration,
+                       log_input)
+        return
     if mode is not None:
         simulate_concurrent(logs, names, options, mode, json_out, per_request, html, warmup, log_input)
         return
@@ -164,4 +170,95 @@ def simulate_concurrent(logs: list[Path], names: list[str], options, mode, json_
         from kvsim.drive.concurrent import concurrent_rows
 
         write_jsonl(per_request, concurrent_rows(trace, runs))
+        console.print(f"per-request results written to {per_request}")
+
+
+# -- --replicas N --router NAME: a fleet of engines behind a router (docs/fleet.md) ----------------
+def simulate_fleet(logs: list[Path], names: list[str], options, mode, fleet, json_out: Path | None,
+                   per_request: Path | None, html: Path | None, warmup: str | None, calibration, log_input) -> None:
+    """Check the options, read the log, replay each policy's fleet, print and write the results."""
+    from kvsim.errors import ConfigError
+    from kvsim.outputs import check_output_path
+    from kvsim.render.fleet import render_fleet
+    from kvsim.engines import registry
+
+    if html is not None:
+        raise ConfigError("--html reports one engine; a fleet's figures are in the terminal, --json and --per-request")
+    if mode is not None and warmup is not None:
+        raise ConfigError("--warmup applies to --replay sequential only")
+    for name in names:                # bad settings fail before a large log is read
+        if mode is None:
+            registry.engine(name).settings(options)
+        else:
+            from kvsim.drive.concurrent import check_supported, scheduler_settings
+
+            check_supported([name], options)
+            scheduler_settings(name, options, mode)
+    if mode is not None and mode.mode == "timed":
+        from kvsim.drive.step_cost import step_cost
+
+        step_cost(options.model, options.gpu, mode.calibration)
+    for out in (json_out, per_request):
+        if out is not None:
+            check_output_path(out, logs)
+    trace = log_input.load(logs)
+    console.print(f"[dim]Fleet: {fleet.describe()}.[/]")
+    if mode is None:
+        from kvsim.fleet.sequential import fleet_rows, run_fleet_simulation
+        from kvsim.render.simulate import render_simulation
+        from kvsim.warmup import apply_warmup, parse_warmup
+
+        parse_warmup(warmup)
+        calib = None
+        if calibration is not None:
+            from kvsim.costs.calibration import Calibration
+
+            calib = Calibration.load(calibration)
+        runs = run_fleet_simulation(trace, names, options, fleet, progress=True)
+        results = {name: run.result for name, run in runs.items()}
+        window = apply_warmup(results, len(trace), warmup)
+        render_simulation(console, trace, results, options, calibration=calib)
+        console.print("[dim]Replay: sequential (one request at a time through the fleet; --replay steps|timed for "
+                      "the engines' schedulers under load). Capacity and peak KV are one replica's.[/]")
+        fleets = {name: run.fleet_summary(trace) for name, run in runs.items()}
+        rows = lambda: fleet_rows(trace, runs)
+    else:
+        from kvsim.fleet.concurrent import fleet_concurrent_rows, run_fleet_concurrent
+        from kvsim.render.concurrent import render_concurrent
+
+        bars = None
+        if len(trace) >= PROGRESS_MIN_REQUESTS:
+            from kvsim.render.progress import Bars
+
+            bars = Bars("count")
+        with bars or nullcontext():
+            progress = None if bars is None else (lambda label, total: bars.task(label, total))
+            runs = run_fleet_concurrent(trace, names, options, mode, fleet, progress=progress)
+        render_concurrent(console, trace, runs, mode)
+        fleets = {name: run.fleet_summary(trace) for name, run in runs.items()}
+        rows = lambda: fleet_concurrent_rows(trace, runs)
+    for name, f in fleets.items():
+        render_fleet(console, name, registry.engine(name).label, f)
+    if json_out is not None:
+        from kvsim.outputs import write_json
+
+        if mode is None:
+            from kvsim.drive.simulate import simulation_json
+
+            data = {"mode": "sequential", **simulation_json(trace, results, options, calibration=calib)}
+            if window.active:
+                data["warmup"] = window.as_dict(len(trace))
+        else:
+            from kvsim.drive.concurrent import concurrent_json
+
+            data = concurrent_json(trace, runs, options, mode)
+        data["fleet"] = fleet.as_dict()
+        for name, f in fleets.items():
+            data["policies"][name]["summary"]["fleet"] = f
+        write_json(json_out, data)
+        console.print(f"summary written to {json_out}")
+    if per_request is not None:
+        from kvsim.outputs import write_jsonl
+
+        write_jsonl(per_request, rows())
         console.print(f"per-request results written to {per_request}")

@@ -139,3 +139,11 @@ def fleet_frame(r: FleetRun, trace):
     frame = concurrent_frame(r, trace)
     frame.insert(2, "replica", r.line.replica)
     return frame
+
+
+def fleet_concurrent_rows(trace, runs: dict[str, FleetRun]):
+    """Per-request rows with ``replica`` (and ``policy`` when several ran)."""
+    for name, r in runs.items():
+        for row in fleet_frame(r, trace).to_dict(orient="records"):
+            row = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}  # NaN -> null
+            yield {"policy": name, **row} if len(runs) > 1 else row

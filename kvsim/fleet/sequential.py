@@ -30,8 +30,10 @@ from kvsim.engines import registry
 from kvsim.engines.base import ServedColumns
 from kvsim.engines.options import SimOptions
 from kvsim.fleet.base import IDLE, Router
+from kvsim.fleet.bounds import Bounds, bounds
 from kvsim.fleet.config import FleetSpec, RouteRequests, checked_router, log_seconds
 from kvsim.fleet.events import from_engine
+from kvsim.fleet.summary import fleet_summary
 
 
 @dataclass
@@ -46,6 +48,47 @@ class FleetReplay:
     order: np.ndarray                         # the order requests reached the replicas
     router: Router                            # in its final state
     routing_s: float = 0.0                    # time spent routing
+    bounds: Bounds | None = None
+
+    def fleet_summary(self, trace) -> dict[str, Any]:
+        """The ``fleet`` summary (over the counted requests: a warm-up window is left out)."""
+        from kvsim.drive.metrics import counted
+
+        r = self.result
+        return fleet_summary(self.fleet, self.router, trace, self.replica, r.cached_tokens, r.rejected, counted(r),
+                             self.bounds, r.capacity_tokens)
+
+
+def run_fleet_simulation(trace, policies: list[str], options: SimOptions, fleet: FleetSpec,
+                         progress: bool = False) -> dict[str, FleetReplay]:
+    """Each policy's sequential fleet replay, with its bounds; a progress bar per policy when asked."""
+    from contextlib import nullcontext
+
+    trace.require_tokens("simulate")
+    bars = None
+    if progress and len(trace) >= 2000:
+        from kvsim.progress import bars as display
+
+        bars = display("count")
+    runs: dict[str, FleetReplay] = {}
+    with (bars or nullcontext()) as bars:
+        for name in policies:
+            update = None if bars is None else bars.task(f"replaying ({name}, {fleet.replicas} replicas)", len(trace))
+            run = fleet_replay(name, trace, options, fleet, update)
+            run.bounds = bounds(name, trace, options, run.replica, run.order)
+            runs[name] = run
+    return runs
+
+
+def fleet_rows(trace, runs: dict[str, FleetReplay]):
+    """One dict per request (per policy when several), each with its ``replica``, in input order."""
+    from kvsim.drive.metrics import counted, per_request_frame
+
+    for name, run in runs.items():
+        frame = per_request_frame(run.result, trace)
+        frame.insert(2, "replica", run.replica[counted(run.result)])
+        for row in frame.to_dict(orient="records"):
+            yield {"policy": name, **row} if len(runs) > 1 else row
 
 
 def route_all(router: Router, requests: RouteRequests, times: np.ndarray) -> np.ndarray:
