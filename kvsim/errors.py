@@ -1,7 +1,9 @@
 """User-facing errors. The CLI prints them as one line and exits with code 2."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 
 class KvsimError(Exception):
@@ -23,3 +25,14 @@ class InputError(KvsimError):
 
 class ConfigError(KvsimError):
     """An invalid option or combination of options."""
+
+
+def read_json_input(path: Path, what: str) -> Any:
+    """The JSON value in the input file ``path``; InputError when the file is missing or
+    is not readable JSON (``what`` names the expected file, e.g. "calibration JSON")."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(path, "no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(path, f"not a readable {what} ({e.__class__.__name__})") from None

@@ -15,7 +15,6 @@ No torch here: simulate reads calibrations on machines without the gpu extra.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.errors import InputError
+from kvsim.errors import InputError, read_json_input
 
 SCHEMA = "kvsim.calibration/1"
 _NUMBERS = ("fixed_s", "per_token_s", "per_context_token_s")
@@ -69,12 +68,7 @@ class Calibration:
     def load(cls, path: str | Path) -> Calibration:
         """Read a calibration JSON, or raise :class:`InputError` saying what is wrong."""
         path = Path(path)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise InputError(path, "no such file") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise InputError(path, f"not a readable calibration JSON ({e.__class__.__name__})") from None
+        data = read_json_input(path, "calibration JSON")
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise InputError(path, f"not a kvsim calibration (expected \"schema\": \"{SCHEMA}\"; "
                                    "write one with kvsim gpu-validate)")

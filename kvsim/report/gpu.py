@@ -8,14 +8,13 @@ rate and bandwidth against the device's peaks. No torch needed.
 from __future__ import annotations
 
 import html
-import json
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvsim.errors import InputError
+from kvsim.errors import InputError, read_json_input
 
 if TYPE_CHECKING:
     from kvsim.gpu.validate import ValidationResult
@@ -28,12 +27,7 @@ def load_validation(path: str | Path):
     from kvsim.gpu.validate import RequestCheck, ValidationResult
 
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(path, "no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(path, f"not a readable gpu-validate result JSON ({e.__class__.__name__})") from None
+    data = read_json_input(path, "gpu-validate result JSON")
     need = ("config", "summary", "requests")
     if not isinstance(data, dict) or any(k not in data for k in need):
         raise InputError(path, "not a kvsim gpu-validate result (expected the keys config, summary and requests; "
