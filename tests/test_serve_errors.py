@@ -17,7 +17,8 @@ GOOD = {"model": "kvsim", "messages": [{"role": "user", "content": "hello there"
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve_errors")
     srv = start_kvsim(tmp, "--api-key", KEY, "--max-body-bytes", "65536", "--max-model-len", "2048",
-                      "--record", str(tmp / "record.jsonl"), "--lora-modules", "ad=/tmp/ad")
+                      "--record", str(tmp / "record.jsonl"), "--lora-modules", "ad=/tmp/ad",
+                      "--served-model-name", "kvsim")  # strict names (404), as vLLM
     srv.record = tmp / "record.jsonl"
     srv.http = httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
     yield srv

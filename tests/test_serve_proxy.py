@@ -21,7 +21,7 @@ MODEL = "kvsim"
 def pair(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("proxy_pair")
     servers = start_kvsims(tmp, {
-        "upstream": ["--lora-modules", "team_a=/lora/a"],
+        "upstream": ["--lora-modules", "team_a=/lora/a", "--served-model-name", MODEL],
         "proxy": ["--upstream", "http://127.0.0.1:{port}", "--record", str(tmp / "proxy.jsonl"),
                   "--lora-modules", "team_a=/lora/a"]})
     upstream, proxy = servers["upstream"], servers["proxy"]

@@ -98,7 +98,10 @@ def build_app(service: CacheService, proxy: Any = None) -> Starlette:
         if proxy is not None:
             return await proxy.forward(request, kind, body)
         req = parse_request(kind, body)
+        req.model, answer_as = config.asked_model(req.model)
         prep = service.prepare(kind, req, request.headers)
+        if answer_as is not None:
+            prep.model = answer_as
         answer = await service.complete_timed(prep) if service.timed is not None else service.complete(prep)
         if not prep.stream:
             return JSONResponse(response_body(answer))

@@ -24,7 +24,8 @@ class ServeConfig:
     options: SimOptions = field(default_factory=SimOptions)
     tokenizer: str = "cl100k_base"
     chat_template: str = "llama3"
-    served_model_name: str = "kvsim"
+    served_model_name: str | None = None  # None: the tokenizer's name, and any model name is answered
+    any_model_name: bool | None = None    # answer requests for any model name (None: when no name is given)
     lora_modules: dict[str, str] = field(default_factory=dict)   # adapter name -> path
     max_model_len: int | None = None      # None: DEFAULT_MAX_MODEL_LEN, or less if the cache is small
     default_max_tokens: int | None = 256  # a chat request without max_tokens (None: vLLM's, the rest of the context)
@@ -40,6 +41,27 @@ class ServeConfig:
     upstream_api_key: str | None = None
     upstream_timeout: float = 600.0
     replay_mode: Any = None               # --replay timed: a kvsim.drive.concurrent.ReplayMode
+
+    def __post_init__(self) -> None:
+        # Without --served-model-name the server answers requests for any model name, as
+        # SGLang does, and lists the tokenizer's name; with one it is strict (a 404), as vLLM.
+        if self.any_model_name is None:
+            object.__setattr__(self, "any_model_name", self.served_model_name is None)
+        if self.served_model_name is None:
+            object.__setattr__(self, "served_model_name", self.tokenizer)
+
+    def asked_model(self, model: str | None) -> tuple[str | None, str | None]:
+        """(the model name the cache model resolves, the name to answer with or None) for a
+        request naming ``model``. A strict server resolves the name as given (an unknown one
+        is a 404); with :attr:`any_model_name` a name that is neither the base model nor an
+        adapter (``NAME`` or SGLang's ``ANYTHING:NAME``) is served by the base model and
+        answered with the name asked for, as SGLang does."""
+        if not self.any_model_name or not model or model == self.served_model_name or model in self.lora_modules:
+            return model, None
+        head, sep, tail = model.partition(":")
+        if sep and tail.strip() in self.lora_modules:
+            return f"{self.served_model_name}:{tail.strip()}", None
+        return None, model
 
     def check(self) -> None:
         from kvsim.engines import registry
