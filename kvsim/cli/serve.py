@@ -37,8 +37,10 @@ def serve(
                                       rich_help_panel=_SRV)] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port (0: any free port, printed at start).",
                                       rich_help_panel=_SRV)] = 8000,
-    served_model_name: Annotated[str, typer.Option("--served-model-name", help="The base model's name in "
-                                                   "requests and /v1/models.", rich_help_panel=_SRV)] = "kvsim",
+    served_model_name: Annotated[Optional[str], typer.Option(
+        "--served-model-name", help="The base model's name in requests and /v1/models; other names get 404, as "
+        "vLLM (default: any name is answered, as SGLang, and /v1/models lists the tokenizer).",
+        rich_help_panel=_SRV, show_default=False)] = None,
     lora_modules: Annotated[Optional[list[str]], typer.Option(
         "--lora-modules", help="LoRA adapters served by name, NAME=PATH (repeat or space-separate), as vLLM's.",
         rich_help_panel=_SRV, show_default=False)] = None,
