@@ -16,15 +16,37 @@ from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (re-exported fo
 
 from kvsim.engines.serving import EngineState, Served
 
+#: vLLM's series under its engine labels alone, in registration order:
+#: attribute -> (kind, name, help)
+_VLLM_SERIES = {
+    "v_running": (Gauge, "vllm:num_requests_running", "Number of requests in model execution batches."),
+    "v_waiting": (Gauge, "vllm:num_requests_waiting", "Number of requests waiting to be processed."),
+    "v_usage": (Gauge, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+    "v_queries": (Counter, "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."),
+    "v_hits": (Counter, "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."),
+    "v_preempt": (Counter, "vllm:num_preemptions", "Cumulative number of preemption from the engine."),
+    "v_prompt": (Counter, "vllm:prompt_tokens", "Number of prefill tokens processed."),
+    "v_cached": (Counter, "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external)."),
+    "v_gen": (Counter, "vllm:generation_tokens", "Number of generation tokens processed."),
+}
+#: SGLang's scheduler gauges, in registration order: attribute -> (name, help)
+_SGLANG_GAUGES = {
+    "s_running": ("sglang:num_running_reqs", "The number of running requests."),
+    "s_queue": ("sglang:num_queue_reqs", "The number of requests in the waiting queue."),
+    "s_hit_rate": ("sglang:cache_hit_rate", "The prefix cache hit rate."),
+    "s_usage": ("sglang:token_usage", "The token usage."),
+    "s_used": ("sglang:num_used_tokens", "The number of used tokens."),
+    "s_available": ("sglang:kv_available_tokens", "Number of free token slots in the KV cache pool."),
+    "s_evictable": ("sglang:kv_evictable_tokens",
+                    "Number of evictable (radix-cached) token slots in the KV cache pool."),
+    "s_kv_used": ("sglang:kv_used_tokens", "Number of actively used token slots in the KV cache pool."),
+}
+
 #: the vLLM metrics kvsim serve exports (tests check each against vLLM's source)
-VLLM_NAMES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-              "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:prompt_tokens",
-              "vllm:prompt_tokens_cached", "vllm:generation_tokens", "vllm:request_success",
-              "vllm:num_preemptions", "vllm:request_prompt_tokens", "vllm:request_generation_tokens")
+VLLM_NAMES = (*(name for _, name, _ in _VLLM_SERIES.values()), "vllm:request_success",
+              "vllm:request_prompt_tokens", "vllm:request_generation_tokens")
 #: the SGLang metrics kvsim serve exports
-SGLANG_NAMES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:cache_hit_rate",
-                "sglang:token_usage", "sglang:num_used_tokens", "sglang:kv_available_tokens",
-                "sglang:kv_evictable_tokens", "sglang:kv_used_tokens", "sglang:realtime_tokens_total",
+SGLANG_NAMES = (*(name for name, _ in _SGLANG_GAUGES.values()), "sglang:realtime_tokens_total",
                 "sglang:prompt_tokens_total", "sglang:generation_tokens_total", "sglang:cached_tokens_total",
                 "sglang:num_requests_total")
 
@@ -72,25 +94,11 @@ class ServeMetrics:
         labels = ["model_name", "engine"]
         values = (model, "0")
 
-        def gauge(name, doc):
-            return Gauge(name, doc, labels, registry=r).labels(*values)
-
-        def counter(name, doc):
-            return Counter(name, doc, labels, registry=r).labels(*values)
-
         def histogram(name, doc):
             return Histogram(name, doc, labels, buckets=_buckets_1_2_5(max_model_len), registry=r).labels(*values)
 
-        self.v_running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
-        self.v_waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.v_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-        self.v_queries = counter("vllm:prefix_cache_queries",
-                                 "Prefix cache queries, in terms of number of queried tokens.")
-        self.v_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
-        self.v_preempt = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        self.v_prompt = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.v_cached = counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
-        self.v_gen = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        for attribute, (kind, name, doc) in _VLLM_SERIES.items():
+            setattr(self, attribute, kind(name, doc, labels, registry=r).labels(*values))
         self.v_success = Counter("vllm:request_success", "Count of successfully processed requests.",
                                  labels + ["finished_reason"], registry=r)
         self.v_success_values = values
@@ -104,18 +112,9 @@ class ServeMetrics:
                  "moe_ep_rank": "0"}
         self.s_tok_labels = {"model_name": model, "engine_type": "unified"}
 
-        def gauge(name, doc):
-            return Gauge(name, doc, list(sched), multiprocess_mode="mostrecent", registry=r).labels(**sched)
-
-        self.s_running = gauge("sglang:num_running_reqs", "The number of running requests.")
-        self.s_queue = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
-        self.s_hit_rate = gauge("sglang:cache_hit_rate", "The prefix cache hit rate.")
-        self.s_usage = gauge("sglang:token_usage", "The token usage.")
-        self.s_used = gauge("sglang:num_used_tokens", "The number of used tokens.")
-        self.s_available = gauge("sglang:kv_available_tokens", "Number of free token slots in the KV cache pool.")
-        self.s_evictable = gauge("sglang:kv_evictable_tokens",
-                                 "Number of evictable (radix-cached) token slots in the KV cache pool.")
-        self.s_kv_used = gauge("sglang:kv_used_tokens", "Number of actively used token slots in the KV cache pool.")
+        for attribute, (name, doc) in _SGLANG_GAUGES.items():
+            setattr(self, attribute, Gauge(name, doc, list(sched), multiprocess_mode="mostrecent",
+                                           registry=r).labels(**sched))
         realtime = Counter("sglang:realtime_tokens_total", "Total number of tokens processed (updated on each "
                            "log interval). mode: prefill_compute, prefill_cache, decode.", list(sched) + ["mode"],
                            registry=r)
