@@ -49,6 +49,7 @@ class FleetReplay:
     router: Router                            # in its final state
     routing_s: float = 0.0                    # time spent routing
     bounds: Bounds | None = None
+    servers: list | None = None               # event routers: each replica's engine, in its final state
 
     def fleet_summary(self, trace) -> dict[str, Any]:
         """The ``fleet`` summary (over the counted requests: a warm-up window is left out)."""
@@ -114,8 +115,9 @@ def fleet_replay(policy: str, trace, options: SimOptions, fleet: FleetSpec, prog
     requests = RouteRequests(trace)
     times = log_seconds(trace)
     t0 = time.perf_counter()
+    servers = None
     if router.needs_events:
-        replica, subs = _served_with_events(spec, trace, options, router, requests, times, progress)
+        replica, subs, servers = _served_with_events(spec, trace, options, router, requests, times, progress)
         routing = 0.0
     else:
         replica = route_all(router, requests, times)
@@ -132,7 +134,7 @@ def fleet_replay(policy: str, trace, options: SimOptions, fleet: FleetSpec, prog
     result = combine(policy, len(trace), subs)
     result.elapsed_s = time.perf_counter() - t0
     return FleetReplay(policy, fleet, result, replica, [s for _, s in subs], np.arange(len(trace)), router,
-                       routing)
+                       routing, servers=servers)
 
 
 def _served_with_events(spec, trace, options, router: Router, requests: RouteRequests, times, progress):
@@ -180,7 +182,7 @@ def _served_with_events(spec, trace, options, router: Router, requests: RouteReq
             elapsed_s=elapsed[r], extra=extra)))
     if progress is not None:
         progress(n, n)
-    return replica, subs
+    return replica, subs, servers
 
 
 def combine(policy: str, n: int, subs: list[tuple[np.ndarray, ReplayResult | None]]) -> ReplayResult:

@@ -1,0 +1,182 @@
+"""Fleets in the drivers: one replica is today's engine, the attribution is ordered, replicas run in
+parallel, event routers read the replicas' real caches, and a cache-aware router wins where it should."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvsim.drive.concurrent import ReplayMode, run_concurrent
+from kvsim.drive.sequential import replay
+from kvsim.engines.options import SimOptions
+from kvsim.fleet.bounds import bounds
+from kvsim.fleet.concurrent import run_fleet_concurrent
+from kvsim.fleet.config import FleetSpec
+from kvsim.fleet.keys import chain_keys, root_key
+from kvsim.fleet.routers import ROUTERS
+from kvsim.fleet.sequential import fleet_replay
+from kvsim.io.trace.columns import Trace
+from kvsim.workloads.shared_prefix import trace as gsp_trace
+
+ROUTER_CASES = [(name, ()) for name in ROUTERS] + [("dynamo", (("mode", "approx"),))]
+COLUMNS = ("cached_tokens", "rejected", "read_cache", "evictions", "evicted_tokens")
+STEP_COLUMNS = ("cached_tokens", "first_token_step", "finish_step", "preemptions", "rejected", "output_tokens")
+TIMED = dict(model="llama-3-8b", gpu="H100-80GB")
+
+
+def workload(seed: int, n: int = 120, vocab: int = 400) -> Trace:
+    """Requests sharing a few prefixes (some cut short), sessions, timestamps and arrival steps."""
+    rng = np.random.default_rng(seed)
+    prefixes = [rng.integers(0, vocab, rng.integers(8, 160)) for _ in range(6)]
+    prompts = []
+    for _ in range(n):
+        p = prefixes[rng.integers(0, len(prefixes))]
+        prompts.append(np.concatenate([p[:rng.integers(1, len(p) + 1)], rng.integers(0, vocab, rng.integers(1, 40))]))
+    outputs = [rng.integers(0, vocab, rng.integers(1, 24)) for _ in range(n)]
+    at = np.sort(rng.uniform(0, 12, n))
+    return Trace.from_prompts(prompts, outputs=outputs, arrival=at, arrival_step=(at * 5).astype(int),
+                              sessions=[f"s{rng.integers(0, 12)}" for _ in range(n)])
+
+
+@pytest.fixture(scope="module")
+def trace() -> Trace:
+    return workload(7)
+
+
+def same_steps(a, b) -> bool:
+    return all(np.array_equal(getattr(a, k), getattr(b, k)) for k in STEP_COLUMNS) and \
+        a.finished == b.finished and a.steps == b.steps
+
+
+@pytest.mark.parametrize("policy", ["apc", "radix"])
+@pytest.mark.parametrize("router,options", ROUTER_CASES)
+def test_one_replica_is_the_single_engine_replay_sequential(trace, policy, router, options):
+    """--replicas 1 under any router: the sequential replay, request for request."""
+    opts = SimOptions(capacity_tokens=1500)
+    single = replay(policy, trace, opts)
+    fleet = fleet_replay(policy, trace, opts, FleetSpec(1, router, options)).result
+    assert single.evictions.sum() > 0                       # the capacity bites
+    for k in COLUMNS:
+        assert np.array_equal(getattr(fleet, k), getattr(single, k)), k
+    assert fleet.config == single.config and fleet.peak_used_tokens == single.peak_used_tokens
+
+
+@pytest.mark.parametrize("policy", ["apc", "radix"])
+@pytest.mark.parametrize("router,options", ROUTER_CASES)
+def test_one_replica_is_the_single_engine_replay_steps(trace, policy, router, options):
+    """--replicas 1 --replay steps under any router: the scheduler's replay, step for step."""
+    opts, mode = SimOptions(capacity_tokens=1500), ReplayMode("steps")
+    single = run_concurrent(trace, [policy], opts, mode)[policy]
+    fleet = run_fleet_concurrent(trace, [policy], opts, mode, FleetSpec(1, router, options))[policy]
+    assert same_steps(fleet.steps, single.steps)
+    assert np.array_equal(fleet.released, single.released)
+
+
+@pytest.mark.parametrize("policy", ["apc", "radix"])
+@pytest.mark.parametrize("router", ["cache_aware", "dynamo"])
+@pytest.mark.parametrize("arrivals", ["logged", "closed-loop"])
+def test_one_replica_is_the_single_engine_replay_timed(trace, policy, router, arrivals):
+    """--replicas 1 --replay timed: the same steps, the same latencies, with and without the cache."""
+    opts, mode = SimOptions(capacity_tokens=1500, **TIMED), ReplayMode("timed", arrivals=arrivals)
+    single = run_concurrent(trace, [policy], opts, mode)[policy]
+    fleet = run_fleet_concurrent(trace, [policy], opts, mode, FleetSpec(1, router))[policy]
+    assert same_steps(fleet.steps, single.steps)
+    for a, b in ((fleet.timed, single.timed), (fleet.uncached, single.uncached)):
+        for k in ("ttft", "e2e", "queueing"):
+            assert np.allclose(getattr(a, k), getattr(b, k), equal_nan=True), k
+        assert a.busy_s == pytest.approx(b.busy_s) and a.makespan_s == pytest.approx(b.makespan_s)
+
+
+def test_closed_loop_steps_with_one_replica(trace):
+    opts, mode = SimOptions(capacity_tokens=1500), ReplayMode("steps", arrivals="closed-loop")
+    single = run_concurrent(trace, ["apc"], opts, mode)["apc"]
+    fleet = run_fleet_concurrent(trace, ["apc"], opts, mode, FleetSpec(1, "least_load"))["apc"]
+    assert same_steps(fleet.steps, single.steps)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_fleet_bound_over_routed_bound_over_delivered(seed):
+    """On random fleets, per request: one shared unlimited cache >= one per replica >= delivered."""
+    rng = np.random.default_rng(100 + seed)
+    t = workload(seed, n=90, vocab=60)
+    for policy in ("apc", "radix"):
+        opts = SimOptions(capacity_tokens=int(rng.choice([300, 800, 2500])), block_size=int(rng.choice([4, 16])),
+                          page_size=int(rng.choice([1, 4])))
+        fleet = FleetSpec(int(rng.integers(2, 6)), str(rng.choice(["round_robin", "cache_aware", "dynamo",
+                                                                      "llmd_precise", "random", "prefixaware"])),
+                          seed=seed)
+        seq = fleet_replay(policy, t, opts, fleet)
+        b = bounds(policy, t, opts, seq.replica, seq.order)
+        ok = ~seq.result.rejected
+        assert (b.fleet >= b.routed).all() and (b.routed[ok] >= seq.result.cached_tokens[ok]).all()
+        run = run_fleet_concurrent(t, [policy], opts, ReplayMode("steps"), fleet)[policy]
+        ok = ~run.steps.rejected
+        assert (run.bounds.fleet >= run.bounds.routed).all()
+        assert (run.bounds.routed[ok] >= run.steps.cached_tokens[ok]).all()
+        f = run.fleet_summary(t)
+        assert f["fleet_bound_hit_rate"] >= f["routed_bound_hit_rate"] >= f["token_hit_rate"]
+
+
+def test_replicas_run_in_parallel_in_timed():
+    """Two equal requests at once on two replicas: each is served as if alone (its own timeline)."""
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 1000, 3000), rng.integers(0, 1000, 3000)]
+    t = Trace.from_prompts(prompts, output_lengths=[50, 50], arrival=[0.0, 0.0])
+    opts, mode = SimOptions(**TIMED), ReplayMode("timed")
+    alone = run_concurrent(t.select([0]), ["apc"], opts, mode)["apc"].timed
+    both = run_concurrent(t, ["apc"], opts, mode)["apc"].timed
+    fleet = run_fleet_concurrent(t, ["apc"], opts, mode, FleetSpec(2, "round_robin"))["apc"]
+    assert list(fleet.replica) == [0, 1]
+    assert fleet.timed.ttft[0] == pytest.approx(alone.ttft[0])
+    assert fleet.timed.ttft[1] == pytest.approx(alone.ttft[0], rel=0.01)    # its own replica, not a queue
+    assert fleet.timed.makespan_s < both.makespan_s
+    assert fleet.timed.busy_s == pytest.approx(2 * alone.busy_s, rel=0.01)
+
+
+def radix_pages(tree, page: int) -> set[int]:
+    """Router keys of every page in a radix tree: the chain of page blocks from each namespace root."""
+    out: set[int] = set()
+    stack = [(c, root_key(c.ns if c.ns is not None else (None, None)), ) for c in tree.root.children.values()]
+    while stack:
+        node, parent = stack.pop()
+        keys = chain_keys(node.key, page, parent)
+        out.update(keys)
+        stack.extend((c, keys[-1]) for c in node.children.values())
+    return out
+
+
+@pytest.mark.parametrize("policy", ["apc", "radix"])
+def test_event_routers_hold_what_the_replicas_cache(policy, trace):
+    """Dynamo fed by the replicas' BlockStored / BlockRemoved holds exactly the blocks they cache."""
+    opts = SimOptions(capacity_tokens=1200, page_size=2)
+    run = fleet_replay(policy, trace, opts, FleetSpec(3, "dynamo"))
+    assert run.result.evictions.sum() > 0
+    for r, server in enumerate(run.servers):
+        held = set(run.router.device[r])
+        if policy == "apc":
+            emap = run.router.engine_keys[r]
+            cached = {emap[b.block_hash] for b in server.cache.pool.blocks if b.block_hash is not None}
+        else:
+            cached = radix_pages(server.cache.tree, 2)
+        assert held == cached and held
+
+
+def test_events_in_steps_mode_match_the_caches(trace):
+    """Under load too (the scheduler's readable manager and tree), llm-d precise sees the real caches."""
+    for policy in ("apc", "radix"):
+        run = run_fleet_concurrent(trace, [policy], SimOptions(capacity_tokens=1200), ReplayMode("steps"),
+                                   FleetSpec(2, "llmd_precise"))[policy]
+        held = [set(run.router.tiers[r]) for r in range(2)]
+        assert all(held) and held[0] != held[1]
+
+
+def test_generated_shared_prefix_cache_aware_beats_round_robin():
+    """SGLang's generated-shared-prefix workload (scaled down), 8 replicas, steps, tight memory:
+    cache_aware delivers >= 1.5x round_robin's hit rate, on both engines."""
+    t = gsp_trace(groups=16, prompts_per_group=8, system_prompt_len=512, question_len=32, output_len=32, rate=20.0)
+    opts, mode = SimOptions(capacity_tokens=1600), ReplayMode("steps")
+    for policy in ("apc", "radix"):
+        rate = {}
+        for router in ("round_robin", "cache_aware"):
+            run = run_fleet_concurrent(t, [policy], opts, mode, FleetSpec(8, router))[policy]
+            rate[router] = run.fleet_summary(t)["token_hit_rate"]
+        assert rate["cache_aware"] >= 1.5 * rate["round_robin"], (policy, rate)
