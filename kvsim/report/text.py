@@ -436,8 +436,8 @@ def _target_parts(n: dict[str, Any], kv: int | None) -> list[str]:
     engine's curve."""
     source = n["target_from"]
     first = (f"{short(source)} {capacity_text(n['target_capacity'], kv)} (exact curve)" if source is not None
-             else f"{n['target_yardstick']} {capacity_text(n['target_capacity'], kv)} (no engine here has an exact "
-             "curve)")
+             else f"{n['target_yardstick']} needs {capacity_text(n['target_capacity'], kv)} (its exact one-pass "
+             "curve: no engine here has one)")
     others = [f"{short(p)} {capacity_text(c, kv)} ({'exact curve' if spec(p).curve_exact else 'estimate'})"
               for p, c in n["capacity_for_target"].items() if p != source and c is not None]
     return [first, *others]
