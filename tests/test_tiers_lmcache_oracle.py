@@ -27,7 +27,7 @@ pytestmark = pytest.mark.oracle
 
 @pytest.fixture(scope="module")
 def real():
-    runs = offload_runs.vllm_and_lmcache()
+    runs = offload_runs.all_systems()
     if "skip" in runs:
         pytest.skip(runs["skip"])
     if not runs["lmcache"]:

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.oracle
 @pytest.fixture(scope="module")
 def real():
     """Every job through the real vLLM code, in one subprocess (shared with LMCache's jobs)."""
-    runs = offload_runs.vllm_and_lmcache()
+    runs = offload_runs.all_systems()
     if "skip" in runs:
         pytest.skip(runs["skip"])
     return runs

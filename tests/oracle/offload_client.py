@@ -23,20 +23,22 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 DRIVERS = {"vllm": HERE / "offload_vllm_driver.py", "lmcache": HERE / "offload_lmcache_driver.py",
            "hicache": HERE / "offload_hicache_driver.py"}
+# Cheap probes (the distributions at the pinned versions, without importing them: importing
+# vLLM alone takes seconds); the setup script checks that the tier code really imports.
+_VERSIONS = "import importlib.metadata as m, importlib.util as u; "
 PROBES = {
-    "vllm": "import einops; from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler "
-            "import OffloadingConnectorScheduler; from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager",
-    "lmcache": "from lmcache.v1.cache_engine import LMCacheEngineBuilder; "
-               "from lmcache.v1.gpu_connector.mock_gpu_connector import MockGPUConnector",
-    "hicache": "from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache; "
-               "from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost",
+    "vllm": _VERSIONS + "assert m.version('vllm') == '0.33.0', m.version('vllm'); assert u.find_spec('einops')",
+    "lmcache": _VERSIONS + "assert m.version('lmcache') == '0.5.6', m.version('lmcache'); "
+               "assert all(u.find_spec(n) for n in ('numba', 'blake3', 'sortedcontainers', 'aiofile'))",
+    "hicache": _VERSIONS + "assert m.version('sglang') == '0.5.23', m.version('sglang'); "
+               "assert m.version('vllm') == '0.33.0'",
 }
-JSON_KINDS = {"manager", "storage", "pool", "hicache"}
+JSON_KINDS = {"manager", "storage"}
 _found: dict[str, tuple[Path | None, str]] = {}
 
 
 def oracle_python(system: str) -> tuple[Path | None, str]:
-    """The oracle interpreter if it imports the system's real tier code, else (None, why)."""
+    """The oracle interpreter if it holds the system's real tier code, else (None, why)."""
     if system in _found:
         return _found[system]
     path = Path(os.environ.get("KVSIM_ORACLE_PYTHON") or ROOT / ".oracle-venv" / "bin" / "python")
@@ -47,7 +49,7 @@ def oracle_python(system: str) -> tuple[Path | None, str]:
                                text=True, check=False)
         if probe.returncode != 0:
             why = probe.stderr.strip().splitlines()[-1:] or ["?"]
-            _found[system] = None, f"{path} cannot import the real {system} tier code: {why[0][-300:]}"
+            _found[system] = None, f"{path} lacks the real {system} tier code (run `make oracle`): {why[0][-300:]}"
         else:
             _found[system] = path, ""
     return _found[system]

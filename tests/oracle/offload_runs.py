@@ -1,8 +1,9 @@
-"""The tier oracle runs, built once per test session: one subprocess for vLLM and LMCache.
+"""The tier oracle runs, built once per test session: one subprocess for all three systems.
 
-``test_tiers_vllm_oracle.py`` and ``test_tiers_lmcache_oracle.py`` read the results of
-:func:`vllm_and_lmcache` (LMCache's token database imports vLLM, so both share its import,
-the largest cost); ``test_tiers_hicache_oracle.py`` runs its own SGLang subprocess.
+``test_tiers_{vllm,lmcache,hicache}_oracle.py`` read the results of :func:`all_systems`.
+LMCache's token database and SGLang both import vLLM, whose import is the largest cost,
+so one process (``offload_vllm_driver.py``, which hands LMCache and HiCache jobs to their
+drivers' functions) pays it once.
 """
 from __future__ import annotations
 
@@ -93,6 +94,40 @@ def random_jobs(tmp: Path) -> list[dict]:
     return jobs
 
 
+HICACHE_POLICIES = ("write_through", "write_through_selective", "write_back")
+# (device tokens, page, ratio, hicache_size GB) of the host-pool jobs
+HICACHE_POOLS = [(160, 16, 2.0, 0.0), (1000, 1, 2.0, 0.0), (1000, 16, 1.5, 0.0), (4096, 64, 3.0, 0.0),
+                 (512, 16, 2.0, 0.001)]
+
+
+def hicache_jobs(tmp: Path) -> dict[str, dict]:
+    """The HiCache acceptance workloads (offload.md §3.7), host pools, random workloads."""
+    jobs: dict[str, dict] = {}
+
+    def job(name, prompts, outputs, arrival=None, **kw):
+        path = tmp / f"{name}.npz"
+        offload_client.write_workload(path, prompts, outputs, arrival or [0] * len(prompts))
+        jobs[name] = dict(kind="hicache", workload=str(path), max_running_requests=8,
+                          **{"capacity": 160, "page_size": 16, **kw})
+
+    for policy in HICACHE_POLICIES:
+        job(f"H-{policy}", *w_workload("ABCA"), hicache_write_policy=policy)
+    job("H4", *w_workload("ABCA"), capacity=4096)
+    t = list(range(5000, 5039))
+    job("H5", [t, list(range(6000, 6060)), t[:9] + list(range(7000, 7020)), t[:30] + [1, 2]], [[9], [8], [7], [6]],
+        capacity=64, page_size=1)
+    for k, (dev, page, ratio, size) in enumerate(HICACHE_POOLS):
+        job(f"pool{k}", [list(range(50))], [[1]], capacity=dev, page_size=page, hicache_ratio=ratio,
+            hicache_size=size)
+    for k, policy in enumerate(HICACHE_POLICIES):
+        for mode in ("sequential", "steps"):
+            w = random_workload(900 + k, SchedMix(n=60, system_prompts=3, system_len=(16, 80), user_len=(1, 40),
+                                                  output_len=(1, 10), burst=(1, 4), gap=2.0))
+            job(f"random-{policy}-{mode}", w.prompts, w.outputs, arrival=w.arrival.tolist(), capacity=384,
+                page_size=16, hicache_write_policy=policy, hicache_ratio=1.5, mode=mode)
+    return jobs
+
+
 def lmcache_jobs() -> list[dict]:
     return [dict(kind="storage", chunk_size=LMCACHE_CHUNK, chunk_bytes=cb, max_local_cpu_size=slots * 4096 / 2**30,
                  save_unfull_chunk=unfull, script=lmcache_script(seed, LMCACHE_CHUNK, n=80))
@@ -100,22 +135,27 @@ def lmcache_jobs() -> list[dict]:
 
 
 @functools.cache
-def vllm_and_lmcache() -> dict[str, Any]:
-    """Every vLLM and LMCache job through the real code, in one subprocess (None: no oracle)."""
+def all_systems() -> dict[str, Any]:
+    """Every tier job through the real code, in one subprocess (``{"skip": why}``: no oracle)."""
     python, why = offload_client.oracle_python("vllm")
-    lmc_python, lmc_why = offload_client.oracle_python("lmcache")
     if python is None:
         return {"skip": why}
+    _, lmcache_why = offload_client.oracle_python("lmcache")
+    _, hicache_why = offload_client.oracle_python("hicache")
     tmp = Path(tempfile.mkdtemp(prefix="kvsim-tier-runs-"))
-    scenarios = scenario_jobs(tmp)
-    randoms = random_jobs(tmp)
-    managers = [dict(j, script=manager_script(j["seed"])) for j in MANAGER_JOBS]
-    storages = lmcache_jobs() if lmc_python is not None else []
-    jobs = [*managers, *scenarios.values(), *randoms, *storages]
-    results = offload_client.run_jobs("vllm", copy.deepcopy(jobs), python)
-    n, s, r = len(managers), len(scenarios), len(randoms)
-    return {"managers": list(zip(managers, results[:n])),
-            "scenarios": {name: (job, res) for (name, job), res in zip(scenarios.items(), results[n:n + s])},
-            "random": list(zip(randoms, results[n + s:n + s + r])),
-            "lmcache": list(zip(storages, results[n + s + r:])),
-            "lmcache_skip": lmc_why}
+    parts: dict[str, Any] = {
+        "managers": [dict(j, script=manager_script(j["seed"])) for j in MANAGER_JOBS],
+        "scenarios": scenario_jobs(tmp),
+        "random": random_jobs(tmp),
+        "lmcache": [] if lmcache_why else lmcache_jobs(),
+        "hicache": {} if hicache_why else hicache_jobs(tmp),
+    }
+    flat = [j for part in parts.values() for j in (part.values() if isinstance(part, dict) else part)]
+    results = iter(offload_client.run_jobs("vllm", copy.deepcopy(flat), python))
+    out: dict[str, Any] = {"lmcache_skip": lmcache_why, "hicache_skip": hicache_why}
+    for name, part in parts.items():
+        if isinstance(part, dict):
+            out[name] = {key: (job, next(results)) for key, job in part.items()}
+        else:
+            out[name] = [(job, next(results)) for job in part]
+    return out

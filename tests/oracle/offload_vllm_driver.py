@@ -21,7 +21,8 @@ Runs under the oracle interpreter, never imports kvsim. Usage:
   evictions, threshold skips). With ``record`` the connector calls the scheduler made,
   and what they returned, are written to ``out + ".calls.json"`` (block hashes as ints,
   numbered by first appearance) for replaying kvsim's connector on the same calls.
-- ``"storage"``: an LMCache job of ``offload_lmcache_driver.py``, run in this process.
+- ``"storage"``: an LMCache job of ``offload_lmcache_driver.py``, run in this process;
+- ``"hicache"``: a SGLang HiCache job of ``offload_hicache_driver.py``, run in this process.
 """
 from __future__ import annotations
 
@@ -456,6 +457,9 @@ def main() -> None:
         for k, job in enumerate(jobs):
             if job["kind"] == "storage":
                 run_storage_job(job, k)
+            elif job["kind"] == "hicache":
+                import offload_hicache_driver     # SGLang imports vLLM too: one process for all
+                offload_hicache_driver.run_job(job)
             else:
                 {"manager": run_manager_job, "sched": run_sched_job}[job["kind"]](job)
         code = 0
