@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kvsim.cli.options import INPUT, LogInput, with_groups
+from kvsim.cli.options import FLEET_PANEL, INPUT, ROUTER_NAMES, LogInput, with_groups
 from kvsim.cli.app import app, console
 from kvsim.cli.replay_options import ArrivalFromOpt, ArrivalsOpt, ReplayOpt, SpeedupOpt, StepSecondsOpt
 from kvsim.cli.options import (DEFAULT, BlockSizeListOpt, CapacityListOpt, EngineVersionOpt, EvictionListOpt, GpuOpt, LogPaths, ModelOpt, PageSizeListOpt, PolicyOpt, WarmupOpt)
@@ -55,6 +55,16 @@ def sweep(
     calibration: Annotated[Optional[Path], typer.Option(
         "--calibration", help="--replay timed: a gpu-validate calibration JSON as the step cost.",
         rich_help_panel="Concurrent replay (--replay steps|timed)", show_default=False)] = None,
+    replicas: Annotated[Optional[str], typer.Option(
+        "--replicas", help="Also replay each row as fleets of these sizes, a comma list (1,2,4,8), behind each "
+        "--router: columns replicas, router, fleet and routed bounds (docs/fleet.md).", rich_help_panel=FLEET_PANEL,
+        show_default=False)] = None,
+    router: Annotated[Optional[str], typer.Option(
+        "--router", help=f"Routers of the fleets, a comma list: {', '.join(ROUTER_NAMES)} (default round_robin).",
+        rich_help_panel=FLEET_PANEL, show_default=False)] = None,
+    router_option: Annotated[Optional[list[str]], typer.Option(
+        "--router-option", help="A router option KEY=VALUE (repeatable), for the routers that have it.",
+        rich_help_panel=FLEET_PANEL, show_default=False)] = None,
     log_input: LogInput = None,
 ) -> None:
     """Replay a log at every combination of capacity, block/page size and policy.
@@ -92,6 +102,7 @@ def sweep(
         raise ConfigError(f"--curve-points must be at least 2, got {curve_points}")
     under_load = _under_load(replay_mode, arrival_from, step_seconds, arrivals, speedup, model, gpu, calibration,
                              engine_version)
+    grid = _fleet_grid(replicas, router, router_option)
     runner = make_executor(executor, jobs)
     for out in (csv_out, json_out, html):
         if out is not None:
@@ -115,10 +126,18 @@ def sweep(
                  executor=runner, curves=curve, curve_points=curve_points, progress=True, warmup=window,
                  concurrent=under_load, **options)
     render_sweep(console, result)
+    fleet_table = None
+    if grid is not None:
+        from kvsim.fleet.sweep import fleet_frame, fleet_rows
+        from kvsim.render.fleet import render_fleet_sweep
+
+        fleet_table = fleet_frame(fleet_rows(trace, result.points, grid, under_load))
+        render_fleet_sweep(console, fleet_table)
     if csv_out is not None:
         from kvsim.outputs import write_text_atomic
 
-        write_text_atomic(csv_out, result.frame.to_csv(index=False))
+        table = result.frame if fleet_table is None else fleet_table    # with --replicas: the fleet rows
+        write_text_atomic(csv_out, table.to_csv(index=False))
         console.print(f"table written to {csv_out}")
     if json_out is not None:
         from kvsim.outputs import write_json
@@ -133,7 +152,14 @@ def sweep(
             settings.update({"replay": replay_mode, "gpu": gpu, "arrival_from": mode.arrival_from,
                              "step_seconds": step_seconds, "speedup": speedup, "arrivals": arrivals,
                              "under_load": describe(mode, cost)})
-        write_json(json_out, sweep_json(trace, result, settings))
+        if fleet_table is not None:
+            settings.update({"replicas": replicas, "router": router or "round_robin",
+                             "router_options": list(router_option or [])})
+        data = sweep_json(trace, result, settings)
+        if fleet_table is not None:
+            data["fleet_rows"] = fleet_table.replace({float("inf"): None}).astype(object).where(
+                fleet_table.notna(), None).to_dict(orient="records")
+        write_json(json_out, data)
         console.print(f"sweep written to {json_out}")
     if html is not None:
         from kvsim.cli.report import html_report, sweep_report_options
@@ -162,3 +188,18 @@ def _under_load(replay_mode: str, arrival_from: str | None, step_seconds: float 
 
         cost = step_cost(model, gpu, mode.calibration)
     return mode, cost
+
+
+def _fleet_grid(replicas: str | None, router: str | None, router_option: list[str] | None):
+    """The fleets of --replicas x --router (None without --replicas); bad values fail here."""
+    from kvsim.errors import ConfigError
+    from kvsim.fleet.config import parse_router_options
+    from kvsim.fleet.sweep import fleets, parse_replicas
+
+    options = parse_router_options(router_option)
+    if replicas is None:
+        if router is not None or options:
+            raise ConfigError("--router and --router-option need --replicas (a comma list of fleet sizes)")
+        return None
+    routers = [r.strip() for r in (router or "round_robin").split(",") if r.strip()]
+    return fleets(parse_replicas(replicas), routers, options)

@@ -82,31 +82,36 @@ def render_fleet(console: Console, name: str, label: str, f: dict[str, Any]) -> 
         console.print(f"[yellow]Note:[/] {f['note']}.")
 
 
-#: the fleet columns of ``kvsim sweep --replicas``: (column, heading, format)
+#: the fleet columns of ``kvsim sweep --replicas`` in the terminal: (column, heading, format); the CSV has all
 SWEEP_COLUMNS = [
-    ("replicas", "replicas", "{}"),
+    ("replicas", "N", "{}"),
     ("router", "router", "{}"),
-    ("fleet_bound_hit_rate", "fleet bound", "{:.2%}"),
-    ("routed_bound_hit_rate", "routed bound", "{:.2%}"),
-    ("token_hit_rate", "delivered", "{:.2%}"),
-    ("concurrent_hit_rate", "under load", "{:.2%}"),
-    ("ttft_p90_s", "TTFT p90 (s)", "{:.4f}"),
-    ("larger_gap", "larger gap", "{}"),
-    ("imbalance_requests", "imbalance", "{:.2f}x"),
+    ("fleet_bound_hit_rate", "fleet", "{:.1%}"),
+    ("routed_bound_hit_rate", "routed", "{:.1%}"),
+    ("token_hit_rate", "deliv", "{:.1%}"),
+    ("concurrent_hit_rate", "load", "{:.1%}"),
+    ("ttft_p90_s", "p90 s", "{:.3f}"),
+    ("larger_gap", "gap", "{}"),
 ]
 
 
 def render_fleet_sweep(console: Console, frame) -> None:
-    """The fleet rows of a sweep: per setting and capacity, each fleet size and router."""
-    table = Table(title="Fleets (hit rates: fleet bound >= routed bound >= delivered)", title_justify="left")
+    """The fleet rows of a sweep: per setting and capacity, one table of each fleet size and router."""
     columns = [c for c in SWEEP_COLUMNS if c[0] in frame.columns and frame[c[0]].notna().any()]
-    table.add_column("setting")
-    table.add_column("capacity", justify="right")
-    for _, heading, _ in columns:
-        table.add_column(heading, justify="right")
-    for row in frame.to_dict(orient="records"):
-        cap = row.get("capacity_tokens")
-        cap_text = "unlimited" if cap is None or cap == float("inf") else f"{int(cap):,}"
-        table.add_row(row.get("setting", row.get("policy", "")), cap_text,
-                      *[_fmt(row.get(key), pattern) for key, _, pattern in columns])
-    console.print(table)
+    rows = frame.to_dict(orient="records")
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row.get("setting", row.get("policy", "")), row.get("capacity_tokens")), []).append(row)
+    console.print("[bold]Fleets[/]: hit rates of the fleet bound >= routed bound >= delivered")
+    for (setting, cap), members in groups.items():
+        cap_text = "unlimited" if cap is None or cap == float("inf") else f"{cap:,.0f} tokens per replica"
+        table = Table(title=f"{setting}, capacity {cap_text}", title_justify="left")
+        for key, heading, _ in columns:
+            table.add_column(heading, no_wrap=True, justify="left" if key == "router" else "right")
+        for row in members:
+            table.add_row(*[_fmt(row.get(key), pattern) for key, _, pattern in columns])
+        console.print(table)
+    legend = {"N": "replicas", "deliv": "delivered (sequential)", "load": "delivered under load",
+              "p90 s": "TTFT p90 under load", "gap": "the larger loss (sequential), routing or memory"}
+    console.print("[dim]" + "; ".join(f"{h}: {legend[h]}" for _, h, _ in columns if h in legend)
+                  + " (--csv for every column).[/]")
