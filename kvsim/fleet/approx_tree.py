@@ -70,16 +70,7 @@ class ApproxTree:
 
     def match(self, tokens: np.ndarray) -> tuple[int, int | None]:
         """(matched tokens, tenant of the deepest matched node); refreshes one match in eight."""
-        node, pos, n = self.root, 0, len(tokens)
-        while pos < n:
-            child = node.children.get(int(tokens[pos]))
-            if child is None:
-                break
-            k = _shared(tokens[pos:], child.edge)
-            pos += k
-            node = child
-            if k < len(child.edge):
-                break
+        pos, node = self._descend(tokens)
         tenant = self._owner(node)
         e = self._tick()
         if e & 0x7 == 0 and tenant is not None:
@@ -88,16 +79,18 @@ class ApproxTree:
 
     def holders(self, tokens: np.ndarray) -> list[int]:
         """The tenants of the node ``match`` stops at (no side effects)."""
-        return list(self._stop(tokens).tenants)
+        return list(self._descend(tokens)[1].tenants)
 
     def owner(self, tokens: np.ndarray) -> int | None:
         """The tenant ``match`` would name (no side effects)."""
-        node = self._stop(tokens)
+        node = self._descend(tokens)[1]
         if node.last_tenant is not None and node.last_tenant in node.tenants:
             return node.last_tenant
         return next(iter(node.tenants), None)
 
-    def _stop(self, tokens: np.ndarray) -> Node:
+    def _descend(self, tokens: np.ndarray) -> tuple[int, Node]:
+        """``match``'s walk, without side effects: (matched tokens, the node it stops at,
+        a partly matched edge's node included)."""
         node, pos, n = self.root, 0, len(tokens)
         while pos < n:
             child = node.children.get(int(tokens[pos]))
@@ -108,7 +101,7 @@ class ApproxTree:
             node = child
             if k < len(child.edge):
                 break
-        return node
+        return pos, node
 
     def _attach(self, node: Node, tenant: int, epoch: int) -> None:
         if tenant not in node.tenants:
