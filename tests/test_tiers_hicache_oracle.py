@@ -1,7 +1,8 @@
 """The real SGLang 0.5.23 HiCache on a CPU (``offload_hicache_driver.py``), and kvsim's host-pool
 arithmetic against it (``docs/engines/offload.md §3``, §5).
 
-The shared tier oracle process (``offload_runs.all_systems``): the acceptance workloads of offload.md §3.7 through the real scheduler
+The shared tier oracle process (``offload_runs.all_systems``): the acceptance workloads of
+offload.md §3.7 through the real scheduler
 with ``UnifiedRadixCache.init_hicache`` (exact per-request ``cached_tokens`` and its
 device / host split), host pools of several device sizes, pages, ratios and a fixed
 ``hicache_size`` (kvsim's :func:`host_pool_tokens` gives the real pool's size), and random

@@ -1,5 +1,5 @@
 """LMCache 0.5.6 as kvsim models it: the acceptance scenarios of ``docs/engines/offload.md
-§2.8`` with exact numbers, and the vLLM adapter's arithmetic (``need``, saves) by hand.
+offload.md §2.8`` with exact numbers, and the vLLM adapter's arithmetic (``need``, saves) by hand.
 
 The storage rules are checked against the real engine in ``test_tiers_lmcache_oracle.py``;
 the adapter's arithmetic is re-stated from ``integration/vllm/vllm_v1_adapter.py``.

@@ -81,9 +81,9 @@ def test_manager_answers_equal_the_real_manager(real):
     totals = {"evicted": 0, "refused": 0, "loaded": 0, "pending": 0}
     for job, want in real["managers"]:
         got = json.loads(json.dumps(interpret(job["script"], KvsimManager(job))))
-        first = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), None)
+        first = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), len(want) - 1)
         assert got == want, f"{job['policy']} thr={job['store_threshold']} cap={job['capacity']}: op {first}: " \
-                            f"kvsim {got[first] if first is not None else got[-1:]}, vLLM {want[first] if first is not None else want[-1:]}"
+                            f"kvsim {got[first:first + 1]}, vLLM {want[first:first + 1]}"
         for entry in want:
             if entry[0] == "store":
                 totals["refused" if entry[2] is None else "evicted"] += 1 if entry[2] is None else len(entry[2][1])
@@ -139,7 +139,8 @@ def test_connector_replays_the_real_schedulers_calls(real):
 def test_sequential_replay_reports_the_real_external_tokens(real):
     """kvsim's SequentialOffload, given each request's real GPU hit, reports the real
     num_external_cached_tokens on every request of every sequential run."""
-    runs = [(j, r) for j, r in [*real["scenarios"].values(), *real["random"]] if j.get("mode", "sequential") == "sequential"]
+    runs = [(j, r) for j, r in [*real["scenarios"].values(), *real["random"]]
+            if j.get("mode", "sequential") == "sequential"]
     assert len(runs) >= 10
     for job, res in runs:
         tier = SequentialOffload(settings_of(job, res["counters"]["num_chunks"]),

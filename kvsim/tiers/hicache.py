@@ -9,11 +9,11 @@ and the host pool's occupancy, and the tree calls it where SGLang's tree core do
    policy's threshold (1 for ``write_through``, 2 for ``write_through_selective``, never for
    ``write_back``), the node is backed up to host (offload.md §3.3);
 2. ``on_device_evict(node)`` when device eviction takes a leaf: a backed-up node is demoted
-   to host-only, an unbacked one deleted, or under ``write_back`` backed up first (§3.4);
+   to host-only, an unbacked one deleted, or under ``write_back`` backed up first (offload.md §3.4);
 3. ``load_back(host_tokens, quota, delta)``: a request whose match continues on host loads
    all of it, or nothing when under ``load_back_threshold`` (10) tokens or over the device
-   quota (§3.5);
-4. :func:`split_cached_prefix` gives the per-request ``(device, host)`` split (§3.6).
+   quota (offload.md §3.5);
+4. :func:`split_cached_prefix` gives the per-request ``(device, host)`` split (offload.md §3.6).
 """
 from __future__ import annotations
 

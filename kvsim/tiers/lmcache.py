@@ -2,19 +2,19 @@
 
 1. Keys: the prompt is cut into ``chunk_size`` chunks (256 by default); chunk k's key chains
    the keys of chunks 0..k-1 and hashes tokens only (no LoRA, no cache salt: LMCache ignores
-   extra keys); a trailing partial chunk has no key unless ``save_unfull_chunk`` (§2.2).
+   extra keys); a trailing partial chunk has no key unless ``save_unfull_chunk`` (offload.md §2.2).
 2. Storage: a local CPU tier, LRU over chunks, each chunk in a slot of
    ``round_up(chunk bytes, 4096)``; a store allocates one slot per chunk, evicting the least
    recent unpinned chunk while the pool is full, and stops at the first chunk it cannot
-   place; a chunk already present is not put again and keeps its place (§2.3).
+   place; a chunk already present is not put again and keeps its place (offload.md §2.3).
 3. Lookup across tiers: each tier counts the consecutive chunks it holds from where the
    previous one stopped (a tier with none is skipped); vLLM's lookup pins the hits and
-   moves them to the recent end, tail first, so the head is the most recent (§2.4).
+   moves them to the recent end, tail first, so the head is the most recent (offload.md §2.4).
 4. What vLLM is told: ``need = hit - GPU hit``, minus one on a full-prompt hit, 0 below
-   ``min_retrieve_tokens``, capped to whole chunks by ``max_tokens_per_load`` (§2.6).
+   ``min_retrieve_tokens``, capped to whole chunks by ``max_tokens_per_load`` (offload.md §2.6).
 5. What is saved: full chunks of the prompt as it is computed, skipping what LMCache held at
    the lookup; the tail and decode tokens only with ``save_unfull_chunk`` /
-   ``save_decode_cache`` (§2.7).
+   ``save_decode_cache`` (offload.md §2.7).
 """
 from __future__ import annotations
 

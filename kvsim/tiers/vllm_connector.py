@@ -9,12 +9,12 @@ kvsim's vLLM request life calls this object where vLLM's ``Scheduler`` calls its
    ``(None, False)`` to keep it waiting this step (a transfer of its own in flight, a hit
    chunk whose store is pending, or being loaded for another request) (offload.md §1.5);
 3. ``update_state_after_alloc(req, external)`` once its blocks are allocated: a load job
-   over the chunks from the first new GPU block to ``local + external`` (§1.6);
+   over the chunks from the first new GPU block to ``local + external`` (offload.md §1.6);
 4. ``build_connector_meta(scheduled, finished, preempted)`` at the end of every
    ``schedule()``: store jobs for the full chunks of the prompt each scheduled request
    will have computed after this step, then ``on_request_finished`` for the requests that
-   finished since the last step (§1.7, §1.8);
-5. ``update_connector_output(completed_jobs)`` with the worker's completions (§1.8);
+   finished since the last step (offload.md §1.7, §1.8);
+5. ``update_connector_output(completed_jobs)`` with the worker's completions (offload.md §1.8);
 6. ``request_finished(req)`` when the request finishes (its GPU blocks are freed at once).
 
 An external hit is loaded asynchronously: the request waits (``WAITING_FOR_REMOTE_KVS``)

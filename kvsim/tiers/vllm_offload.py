@@ -6,12 +6,12 @@ flight, then ready; a ready chunk is idle (evictable) unless a load is reading i
 connector (:mod:`kvsim.tiers.vllm_connector`) calls:
 
 1. ``lookup(key)``: HIT, HIT_PENDING or MISS; nothing else changes (offload.md §1.5);
-2. ``prepare_load(keys, ctx)`` pins the chunks, ``complete_load`` unpins them (§1.6);
+2. ``prepare_load(keys, ctx)`` pins the chunks, ``complete_load`` unpins them (offload.md §1.6);
 3. ``prepare_store(keys, ctx)``: drops resident keys (and, with ``store_threshold >= 2``,
    keys offered fewer times), evicts idle chunks by the policy for room, inserts the rest as
-   pending; None when there is no room (§1.7, §1.11);
-4. ``complete_store(keys)`` makes them ready (§1.8);
-5. ``on_request_finished(ctx)`` hands the request's keys, head to tail, to the policy (§1.8).
+   pending; None when there is no room (offload.md §1.7, §1.11);
+4. ``complete_store(keys)`` makes them ready (offload.md §1.8);
+5. ``on_request_finished(ctx)`` hands the request's keys, head to tail, to the policy (offload.md §1.8).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 A sequential replay means: each request arrives when the engine is idle, i.e. after the
 previous one finished and every store it issued completed. :class:`SequentialOffload`
 makes, for one such request, the connector calls vLLM 0.33's scheduler makes, step by
-step (the order the real scheduler was recorded making them, §4):
+step (the order the real scheduler was recorded making them, offload.md §4):
 
 1. first step: ``get_num_new_matched_tokens`` after the GPU hit; ``update_state_after_alloc``;
    with an external hit the step only loads (the request waits for it, then its loaded

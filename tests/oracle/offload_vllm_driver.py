@@ -140,7 +140,18 @@ def _sched_modules():
         from vllm.v1.request import Request
         from vllm.v1.structured_output import StructuredOutputManager
         logging.disable(logging.WARNING)
-        _SCHED = dict(locals())
+        _SCHED = {
+            "torch": torch, "CacheConfig": CacheConfig, "DeviceConfig": DeviceConfig,
+            "KVTransferConfig": KVTransferConfig, "ModelConfig": ModelConfig,
+            "SchedulerConfig": SchedulerConfig, "VllmConfig": VllmConfig,
+            "OffloadingWorkerMetadata": OffloadingWorkerMetadata, "LoRARequest": LoRARequest,
+            "SamplingParams": SamplingParams, "get_hash_fn_by_name": get_hash_fn_by_name,
+            "get_request_block_hasher": get_request_block_hasher, "init_none_hash": init_none_hash,
+            "FullAttentionSpec": FullAttentionSpec, "KVCacheConfig": KVCacheConfig,
+            "KVCacheGroupSpec": KVCacheGroupSpec, "KVConnectorOutput": KVConnectorOutput,
+            "ModelRunnerOutput": ModelRunnerOutput, "Request": Request,
+            "StructuredOutputManager": StructuredOutputManager,
+        }
         _SCHED["model_dir"] = _model_dir()
     return _SCHED
 
