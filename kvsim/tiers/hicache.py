@@ -150,13 +150,12 @@ class HiCacheHost:
         """Device eviction took the leaf ``node``: True if it stays as host-only, False if the
         tree deletes it (``evict_device_leaf``)."""
         n = self.nodes.get(node)
-        if n is None or n.state is NodeState.DEVICE:
-            if self.settings.write_policy == "write_back" and n is not None and self.write_backup(node, host_victims):
-                pass                            # backed up at eviction, then demoted
-            else:
-                self.nodes.pop(node, None)
-                self.deletions += 1
-                return False
+        unbacked = n is None or n.state is NodeState.DEVICE
+        if unbacked and not (self.settings.write_policy == "write_back" and n is not None
+                             and self.write_backup(node, host_victims)):
+            self.nodes.pop(node, None)          # no host copy: the node leaves the tree
+            self.deletions += 1
+            return False
         self.nodes[node].state = NodeState.HOST
         self.demotions += 1
         return True

@@ -288,7 +288,7 @@ class ARCPolicy(Policy):
         t1 = iter(self.t1.items())
         t2 = iter(self.t2.items())
 
-        def next_idle(entries):
+        def next_idle(entries: Iterable[tuple[Key, Chunk]]) -> tuple[Key, Chunk] | None:
             for key, chunk in entries:
                 if chunk.ref_cnt == 0 and key not in protected:
                     return key, chunk
