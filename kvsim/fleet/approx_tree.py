@@ -24,25 +24,32 @@ import numpy as np
 
 
 class Node:
-    """One edge of the tree."""
+    """One edge of the tree (``raw``: its tokens as int64 bytes, for fast comparison)."""
 
-    __slots__ = ("edge", "children", "tenants", "last_tenant", "parent")
+    __slots__ = ("edge", "children", "tenants", "last_tenant", "parent", "raw")
 
     def __init__(self, edge: np.ndarray, parent: Node | None, last_tenant: int | None) -> None:
         self.edge = edge
+        self.raw = edge.tobytes()
         self.children: dict[int, Node] = {}
         self.tenants: dict[int, int] = {}       # tenant -> access epoch
         self.last_tenant = last_tenant
         self.parent = parent
 
 
-def _shared(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the common prefix of two token arrays."""
-    m = min(len(a), len(b))
-    if m == 0:
-        return 0
-    diff = np.flatnonzero(a[:m] != b[:m])
-    return int(diff[0]) if len(diff) else m
+def _shared(raw: bytes, at: int, edge: bytes) -> int:
+    """Tokens in common between the request's bytes from byte ``at`` and an edge's bytes
+    (8 bytes a token): one memcmp when the whole edge matches, a binary search when not."""
+    if raw.startswith(edge, at):
+        return len(edge) // 8
+    lo, hi = 0, min(len(edge), len(raw) - at) // 8
+    while lo < hi:          # the longest common prefix, in tokens
+        mid = (lo + hi + 1) // 2
+        if raw.startswith(edge[:8 * mid], at):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class ApproxTree:
@@ -51,6 +58,8 @@ class ApproxTree:
     def __init__(self, tenants: int) -> None:
         self.root = Node(np.empty(0, dtype=np.int64), None, None)
         self.epoch = 0
+        self.version = 0                        # +1 whenever the shape changes (insert, evict)
+        self._memo: tuple | None = None         # (tokens, int64 tokens, bytes, (version, pos, node) | None)
         self.size = [0] * tenants              # characters (tokens) per tenant
         for t in range(tenants):                # init_workers inserts "" for each worker
             self.root.tenants[t] = 0
@@ -88,19 +97,37 @@ class ApproxTree:
             return node.last_tenant
         return next(iter(node.tenants), None)
 
+    def _bytes(self, tokens: np.ndarray) -> tuple[np.ndarray, bytes]:
+        """The request's tokens as int64 and as bytes (kept for the last request asked about)."""
+        memo = self._memo
+        if memo is not None and memo[0] is tokens:
+            return memo[1], memo[2]
+        toks = np.asarray(tokens, np.int64)
+        raw = toks.tobytes()
+        self._memo = (tokens, toks, raw, None)
+        return toks, raw
+
     def _descend(self, tokens: np.ndarray) -> tuple[int, Node]:
         """``match``'s walk, without side effects: (matched tokens, the node it stops at,
-        a partly matched edge's node included)."""
-        node, pos, n = self.root, 0, len(tokens)
+        a partly matched edge's node included). The tree's shape is unchanged between a
+        request's match and its insert, so the walk is done once for both."""
+        memo = self._memo
+        if memo is not None and memo[0] is tokens and memo[3] is not None and memo[3][0] == self.version:
+            return memo[3][1], memo[3][2]
+        toks, raw = self._bytes(tokens)
+        node, pos, n = self.root, 0, len(toks)
+        children = node.children
         while pos < n:
-            child = node.children.get(int(tokens[pos]))
+            child = children.get(int(toks[pos]))
             if child is None:
                 break
-            k = _shared(tokens[pos:], child.edge)
+            k = _shared(raw, 8 * pos, child.raw)
             pos += k
             node = child
-            if k < len(child.edge):
+            if 8 * k < len(child.raw):
                 break
+            children = child.children
+        self._memo = (tokens, toks, raw, (self.version, pos, node))
         return pos, node
 
     def _attach(self, node: Node, tenant: int, epoch: int) -> None:
@@ -110,20 +137,23 @@ class ApproxTree:
 
     def insert(self, tokens: np.ndarray, tenant: int) -> None:
         """Record that ``tenant`` was sent ``tokens``."""
-        node, pos, n = self.root, 0, len(tokens)
+        toks, raw = self._bytes(tokens)
+        self.version += 1
+        node, pos, n = self.root, 0, len(toks)
         while pos < n:
-            first = int(tokens[pos])
+            first = int(toks[pos])
             child = node.children.get(first)
             if child is None:
-                leaf = Node(np.array(tokens[pos:], dtype=np.int64), node, tenant)
+                leaf = Node(toks[pos:].copy(), node, tenant)
                 node.children[first] = leaf
                 self._attach(leaf, tenant, self._tick())
                 return
-            k = _shared(tokens[pos:], child.edge)
+            k = _shared(raw, 8 * pos, child.raw)
             if k < len(child.edge):              # split: the upper part copies tenants and owner
                 upper = Node(child.edge[:k], node, child.last_tenant)
                 upper.tenants = dict(child.tenants)
                 child.edge = child.edge[k:]
+                child.raw = child.raw[8 * k:]
                 child.parent = upper
                 upper.children[int(child.edge[0])] = child
                 node.children[first] = upper
@@ -142,6 +172,7 @@ class ApproxTree:
             return self.total() > max_size if shared else self.size[t] > max_size
         if not any(over(t) for t in range(len(self.size))):
             return
+        self.version += 1
         heap: list[tuple[int, int, int, Node]] = []
         stack, seq = [self.root], 0
         while stack:
