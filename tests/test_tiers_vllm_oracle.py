@@ -112,6 +112,7 @@ def test_acceptance_scenarios_in_the_real_scheduler(real):
     assert matches[0] == [None, False] and matches[1] == [48, True]              # deferred, then hit
     assert pair("V7") == ([0, 0, 0, 0, 0], [0, 0, 0, 0, 48])
     assert r["V7"]["counters"]["resident_chunks"] == 3
+    assert r["V7"]["counters"]["skipped_by_threshold"] > 0
 
 
 def test_connector_replays_the_real_schedulers_calls(real):
@@ -128,6 +129,7 @@ def test_connector_replays_the_real_schedulers_calls(real):
         assert len(conn.manager) == res["counters"]["resident_chunks"]
         assert c.evicted_chunks == res["counters"]["evicted_chunks"]
         assert c.store_failures == res["counters"]["store_failures"]
+        assert c.skipped_by_threshold == res["counters"]["skipped_by_threshold"]
     seen = {k: sum(r["counters"][k] for _, r in real["random"]) for k in
             ("evicted_chunks", "store_failures", "loaded_chunks")}
     seen["preemptions"] = sum(int(r["preemptions"].sum()) for _, r in real["random"])

@@ -344,7 +344,9 @@ def run_sched_job(job: dict) -> None:
     orig_prepare_store = manager.prepare_store
 
     def prepare_store(keys, ctx):
+        before = manager.stores_skipped_in_current_batch        # reset by get_stats each step
         out = orig_prepare_store(keys, ctx)
+        counters["skipped_by_threshold"] += manager.stores_skipped_in_current_batch - before
         if out is None:
             counters["store_failures"] += 1
         else:
@@ -441,10 +443,8 @@ def run_sched_job(job: dict) -> None:
         result, out, s = queue.pop()
         record(sched.update_from_output(out, result), s)
     assert not live, f"requests never finished: {sorted(live)[:5]}"
-    stats = manager.get_stats()
     counters["num_chunks"] = int(manager._num_chunks)
     counters["resident_chunks"] = int(manager._num_allocated_chunks - len(manager._free_list))
-    counters["skipped_by_threshold"] = int(stats.data.get("stores_skipped", 0) if hasattr(stats, "data") else 0)
     np.savez(job["out"], local=local, external=external, first_token_step=first, finish_step=finish,
              preemptions=preempt, rejected=rejected, steps=step, elapsed=time.perf_counter() - t0,
              counters=np.array(json.dumps(counters)))
