@@ -58,6 +58,32 @@ def test_second_read_maps_the_stored_trace(tmp_path, trace_cache_dir, reads):
     assert second.meta.sources == [str(log)]
 
 
+def test_a_trace_stored_in_the_background_is_served_to_the_next_read(tmp_path, trace_cache_dir, reads):
+    """wait_for_store=False (the command line): load_trace returns before the entry is written;
+    the next lookup waits for the writer and maps the entry."""
+    log = tokens_log(tmp_path / "log.jsonl")
+    age(log)
+    first = kvsim.load_trace(log, cache=True, wait_for_store=False)
+    second = kvsim.load_trace(log, cache=True)
+    assert len(reads) == 1
+    assert_same_trace(first, second)
+    assert isinstance(second.tokens.base.obj, mmap.mmap)
+
+
+def test_a_log_changed_before_its_background_store_ends_is_not_stored(tmp_path, trace_cache_dir, reads, monkeypatch):
+    log = tokens_log(tmp_path / "log.jsonl")
+    age(log)
+    real = trace_cache.content_hash
+    monkeypatch.setattr(trace_cache, "content_hash", lambda p: time.sleep(1.0) or real(p))  # a slow hash
+    kvsim.load_trace(log, cache=True, wait_for_store=False)
+    tokens_log(log, n=50, base=7)  # other ids, while the entry is not written yet
+    age(log, 30)
+    trace_cache.wait_for_stores()
+    assert trace_cache.entries() == []
+    t = kvsim.load_trace(log, cache=True)
+    assert len(reads) == 2 and t.prompt(0).tolist()[0] == 7
+
+
 def test_entries_are_private(tmp_path, trace_cache_dir):
     log = tokens_log(tmp_path / "log.jsonl")
     kvsim.load_trace(log, cache=True)

@@ -34,6 +34,7 @@ def load_trace(
     progress: bool = False,
     reader_options: Mapping[str, Any] | None = None,
     cache: bool = False,
+    wait_for_store: bool = True,
 ) -> Trace:
     """Read one or more prompt logs (concatenated in order) into a columnar trace.
 
@@ -53,6 +54,9 @@ def load_trace(
         reader_options: per-format options, e.g. ``{"subagents": True}`` (kvcache-tester).
         cache: use the persistent trace cache (:mod:`kvsim.io.trace.cache`): map the trace
             stored by an earlier read of the same files with the same options, or store it.
+        wait_for_store: with ``cache``, return once the trace is stored; False: return at once
+            and let a thread write it while the caller goes on (the process waits for it before
+            it exits; ``kvsim.io.trace.cache.wait_for_stores()`` waits for it).
     """
     sources = _paths(paths)
     _check_options(format, trace_block_size, on_error, limit)
@@ -72,7 +76,7 @@ def load_trace(
     pending = trace_cache.PendingStore(sources, key)
     trace = _read(sources, format, tokenizer, chat_template, trace_block_size, on_error, limit, progress,
                   reader_options)
-    pending.store(trace)
+    pending.store(trace, wait=wait_for_store)
     return trace
 
 

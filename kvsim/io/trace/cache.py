@@ -11,7 +11,8 @@ trace (format, tokenizer, chat template, trace block size, ``--on-error``, ``--l
 reader options; a tokenizer file or template file by its content), kvsim's trace format
 version and the trace's fields (so an entry written by another kvsim is never read). It
 records each file's size, modification and change times, inode and a BLAKE2b hash of its
-content. It is served when every file's stat is unchanged; when the stat changed but the
+content (computed on a thread of its own while the log is read; the command line has the entry
+written on another while the command goes on). It is served when every file's stat is unchanged; when the stat changed but the
 size did not (a copy, a ``touch``) or the file changed within two seconds of being recorded
 (timestamps too coarse to tell), the content hash decides. A changed, truncated or appended
 log is read again and its entry replaced. Entries past ``KVSIM_TRACE_CACHE_MAX_BYTES``
@@ -136,6 +137,7 @@ def lookup(sources: Sequence[Path], options: dict[str, Any]) -> "Trace | None":
     """The stored trace of these files and options, if it is still theirs; else None."""
     from kvsim.io.trace.mapped import TraceFileError, read_trace_file
 
+    wait_for_stores()
     folder = traces_dir()
     key = entry_key(sources, options)
     index_path, data_path = folder / f"{key}.json", folder / f"{key}.trace"
@@ -177,7 +179,9 @@ def lookup(sources: Sequence[Path], options: dict[str, Any]) -> "Trace | None":
 
 class PendingStore:
     """Started before a log is read: the files' stamps, and their content hashes computed in
-    a background thread while the log is parsed."""
+    a background thread while the log is parsed. :meth:`store` writes the entry, or (with
+    ``wait=False``) has a thread of its own write it while the caller goes on (the process
+    waits for it before it exits, and :func:`lookup` before it looks)."""
 
     def __init__(self, sources: Sequence[Path], options: dict[str, Any]) -> None:
         self.sources = [Path(p) for p in sources]
@@ -193,16 +197,36 @@ class PendingStore:
         except OSError:
             self._hashes = []
 
-    def store(self, trace: "Trace") -> bool:
-        """Write the entry, unless a file changed while it was read. False if nothing was stored."""
-        from kvsim.io.trace.mapped import write_trace_file
+    def store(self, trace: "Trace", wait: bool = True) -> bool:
+        """Store the trace, unless a file changed while it was read (False: nothing is
+        stored). With ``wait=False`` the entry is written in the background: a file that
+        changes before that is done is not stored either."""
+        from kvsim.io.trace.mapped import encode_trace
 
-        self._thread.join()
+        if not self._unchanged():
+            return False
+        encoded = encode_trace(trace)  # the trace as it is now, whatever the caller does next
+        counts = {"requests": len(trace), "prompt_tokens": trace.num_prompt_tokens}
+        if wait:
+            return self._write(encoded, counts)
+        writer = threading.Thread(target=self._write, args=(encoded, counts), name="kvsim-store")
+        with _writers_lock:
+            _writers.append(writer)
+        writer.start()
+        return True
+
+    def _unchanged(self) -> bool:
         try:
             after = [Stamp.of(p) for p in self.sources]
         except OSError:
             return False
-        if len(self._hashes) != len(self.sources) or not all(a.same_stat(b) for a, b in zip(self.stamps, after)):
+        return all(a.same_stat(b) for a, b in zip(self.stamps, after))
+
+    def _write(self, encoded: tuple[bytes, list], counts: dict[str, int]) -> bool:
+        from kvsim.io.trace.mapped import write_encoded
+
+        self._thread.join()
+        if len(self._hashes) != len(self.sources) or not self._unchanged():
             return False
         for stamp, digest in zip(self.stamps, self._hashes):
             stamp.blake2b = digest
@@ -210,15 +234,27 @@ class PendingStore:
         try:
             folder = _private_folder()
             with atomic_file(folder / f"{key}.trace", compress=False, private=True) as f:
-                size = write_trace_file(trace, f)
+                size = write_encoded(f, *encoded)
             entry = {"sources": [asdict(s) for s in self.stamps], "options": self.options, "bytes": size,
-                     "requests": len(trace), "prompt_tokens": trace.num_prompt_tokens,
-                     "created_ns": time.time_ns()}
+                     **counts, "created_ns": time.time_ns()}
             _write_private(folder / f"{key}.json", json.dumps(entry).encode())
             prune(int(os.environ.get(ENV_MAX, DEFAULT_MAX_BYTES)))
         except (OSError, KvsimError):
             return False
         return True
+
+
+_writers: list[threading.Thread] = []
+_writers_lock = threading.Lock()
+
+
+def wait_for_stores() -> None:
+    """Wait until every entry this process started storing is written (or given up)."""
+    with _writers_lock:
+        writers, _writers[:] = list(_writers), []
+    for w in writers:
+        if w is not threading.current_thread():
+            w.join()
 
 
 # -- the folder ------------------------------------------------------------------------------
@@ -234,6 +270,8 @@ class Entry:
 
 def entries() -> list[Entry]:
     """Every stored trace, most recently used first."""
+    if threading.current_thread().name != "kvsim-store":
+        wait_for_stores()
     folder = traces_dir()
     out = []
     for index in folder.glob("*.json") if folder.is_dir() else []:
@@ -262,6 +300,7 @@ def remove_entry(key: str) -> int:
 
 def clear() -> tuple[int, int]:
     """Remove every entry (and leftovers of interrupted writes): (entries, bytes freed)."""
+    wait_for_stores()
     folder = traces_dir()
     if not folder.is_dir():
         return 0, 0

@@ -45,8 +45,9 @@ def _columns(trace: Trace) -> dict[str, np.ndarray]:
     return cols
 
 
-def write_trace_file(trace: Trace, f) -> int:
-    """Write ``trace`` to the open binary file ``f``; returns the bytes written."""
+def encode_trace(trace: Trace) -> tuple[bytes, list[np.ndarray]]:
+    """``trace`` as a trace file's leading bytes (prefix, header, padding) and the arrays that
+    follow them, in order (what :func:`write_encoded` writes)."""
     cols = _columns(trace)
     layout, pos = {}, 0
     for name, arr in cols.items():
@@ -56,16 +57,26 @@ def write_trace_file(trace: Trace, f) -> int:
               "has_tokens": trace.tokens is not None, "arrays": layout}
     raw = json.dumps(header, ensure_ascii=False).encode("utf-8", "surrogatepass")
     start = -(-(_PREFIX.size + len(raw)) // _ALIGN) * _ALIGN
-    f.write(_PREFIX.pack(MAGIC, VERSION, len(raw)))
-    f.write(raw)
-    f.write(b"\0" * (start - _PREFIX.size - len(raw)))
-    written = start
-    for name, arr in cols.items():
+    head = _PREFIX.pack(MAGIC, VERSION, len(raw)) + raw + b"\0" * (start - _PREFIX.size - len(raw))
+    return head, list(cols.values())
+
+
+def write_encoded(f, head: bytes, arrays: list[np.ndarray]) -> int:
+    """Write an encoded trace (:func:`encode_trace`) to the open binary file ``f``; returns
+    the bytes written."""
+    f.write(head)
+    written = len(head)
+    for arr in arrays:
         f.write(memoryview(arr).cast("B"))
         pad = -(-arr.nbytes // _ALIGN) * _ALIGN - arr.nbytes
         f.write(b"\0" * pad)
         written += arr.nbytes + pad
     return written
+
+
+def write_trace_file(trace: Trace, f) -> int:
+    """Write ``trace`` to the open binary file ``f``; returns the bytes written."""
+    return write_encoded(f, *encode_trace(trace))
 
 
 def read_trace_file(path: str | Path) -> Trace:
