@@ -71,7 +71,7 @@ def load_from_cli(
     trace = load_trace(
         paths, format=fmt, tokenizer=tokenizer, chat_template=chat_template,
         trace_block_size=trace_block_size, on_error=on_error, limit=limit, progress=True,
-        cache=session["trace_cache"],
+        cache=session["trace_cache"], wait_for_store=False,  # the entry is written while the command goes on
     )
     for note in trace.meta.notes:
         if note.startswith("tokenizer:"):
