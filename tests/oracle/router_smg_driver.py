@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -116,7 +117,8 @@ class Fleet:
                "--worker-urls", *[w.url for w in self.workers], *job.get("args", [])]
         env = dict(os.environ, PYTHONPATH=str(venv / "routers" / job["package"]), RUST_LOG="error")
         self.log = open(os.environ.get("KVSIM_SMG_LOG", os.devnull), "w")
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        # a session of its own: the launcher forks the router, and close() stops them both
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_up()
 
     def _wait_up(self) -> None:
@@ -199,15 +201,22 @@ class Fleet:
                 raise TimeoutError("the gateway stopped polling loads")
             time.sleep(0.02)
 
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
     def close(self) -> None:
         for g in self.gates.values():
             g.set()
-        self.proc.terminate()
+        self._signal(signal.SIGTERM)
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self._signal(signal.SIGKILL)
             self.proc.wait()
+        self._signal(signal.SIGKILL)          # whatever the launcher left behind
         for w in self.workers:
             w.shutdown()
             w.server_close()
