@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from kvsim.engines.base import Progress, SequentialCache
+from kvsim.engines.base import Progress, SequentialCache, Workload
 from kvsim.engines import registry
 from kvsim.io.trace.columns import Trace
 from kvsim.engines.options import SimOptions
@@ -51,12 +51,24 @@ def replay_detailed(policy: str, trace: Trace, options: SimOptions | None = None
     engine_class = spec.implementation(implementation)
     settings = spec.settings(options or SimOptions())
     trace.require_tokens(f"the {policy} simulation")
-    work = workload(trace)
+    return _replay(policy, spec, engine_class, settings, workload(trace), progress, reported_as or implementation)
+
+
+def replay_workload(policy: str, work: Workload, options: SimOptions | None = None,
+                    implementation: str = "fast", reported_as: str | None = None) -> ReplayResult:
+    """:func:`replay_detailed`'s result for a workload already built (a fleet replica's share of a log)."""
+    spec = registry.engine(policy)
+    return _replay(policy, spec, spec.implementation(implementation), spec.settings(options or SimOptions()), work,
+                   None, reported_as or implementation)[0]
+
+
+def _replay(policy: str, spec, engine_class, settings, work: Workload, progress: Progress | None,
+            reported_as: str) -> tuple[ReplayResult, SequentialCache]:
     cache = engine_class.for_workload(settings, work)
     t0 = time.perf_counter()
     cols = cache.replay(work, progress)
     elapsed = time.perf_counter() - t0
-    config, extra, read_cache = spec.replay_report()(settings, reported_as or implementation, cache, work, cols)
+    config, extra, read_cache = spec.replay_report()(settings, reported_as, cache, work, cols)
     result = ReplayResult(
         policy=policy, config=config, cached_tokens=cols.cached_tokens, rejected=cols.rejected,
         read_cache=read_cache, evictions=cols.evictions, evicted_tokens=cols.evicted_tokens,

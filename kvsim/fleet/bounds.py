@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.drive.sequential import replay
+from kvsim.drive.requests import workload
 from kvsim.engines.options import SimOptions
+from kvsim.fleet.config import replica_replay
 
 
 @dataclass(frozen=True)
@@ -42,14 +43,12 @@ def unlimited(options: SimOptions) -> SimOptions:
                                kv_cache_memory=None)
 
 
-def _cached(policy: str, trace, order: np.ndarray, options: SimOptions) -> np.ndarray:
+def _cached(policy: str, trace, work, order: np.ndarray, options: SimOptions) -> np.ndarray:
     """Cached tokens per request of an unlimited sequential replay of ``trace[order]``, in log order."""
     out = np.zeros(len(trace), np.int64)
-    if not len(order):
-        return out
-    identity = len(order) == len(trace) and bool((order == np.arange(len(trace))).all())
-    r = replay(policy, trace if identity else trace.select(order), options)
-    out[order] = np.where(r.rejected, 0, r.cached_tokens)
+    if len(order):
+        r = replica_replay(policy, trace, work, order, options)
+        out[order] = np.where(r.rejected, 0, r.cached_tokens)
     return out
 
 
@@ -57,11 +56,12 @@ def bounds(policy: str, trace, options: SimOptions, replica: np.ndarray, order: 
     """Both bounds for a routing (``replica`` per request) and the order the replicas took them."""
     opts = unlimited(options)
     order = np.asarray(order, np.int64)
+    work = workload(trace)
     routed = np.zeros(len(trace), np.int64)
     of = replica[order]
     for r in np.unique(of):
-        routed += _cached(policy, trace, order[of == r], opts)
-    return Bounds(_cached(policy, trace, order, opts), routed)
+        routed += _cached(policy, trace, work, order[of == r], opts)
+    return Bounds(_cached(policy, trace, work, order, opts), routed)
 
 
 def rate(cached: np.ndarray, prompt: np.ndarray, counted: np.ndarray) -> float:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from kvsim.engines.base import Workload
 from kvsim.errors import ConfigError
 from kvsim.fleet.base import RouteRequest, Router
 from kvsim.fleet.routers import ROUTERS, make_router
@@ -142,3 +143,36 @@ def checked_router(fleet: FleetSpec, spec, options, trace) -> Router:
     if router.needs_events:
         spec.kv_events()            # an engine without KV events: a clear error
     return router
+
+
+# -- a replica's share of the log ---------------------------------------------------------------
+def _gather(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows ``idx`` of a ragged array (``values`` cut at ``offsets``), and their offsets."""
+    starts, lengths = offsets[idx], offsets[idx + 1] - offsets[idx]
+    out_off = np.zeros(len(idx) + 1, np.int64)
+    np.cumsum(lengths, out=out_off[1:])
+    at = np.arange(int(out_off[-1]), dtype=np.int64) + np.repeat(starts - out_off[:-1], lengths)
+    return values[at], out_off
+
+
+def sub_workload(work: Workload, idx: np.ndarray) -> Workload:
+    """The requests ``idx`` of ``work``, in that order (a replica's share; output ids as logged or
+    synthesized for the whole log, so still unique)."""
+    prompt, prompt_off = _gather(work.prompt_tokens, work.prompt_offsets, idx)
+    out, out_off = _gather(work.output_tokens, work.output_offsets, idx)
+    pick = idx.tolist()
+    return Workload(prompt, prompt_off, out, out_off, [work.lora[i] for i in pick], [work.cache_salt[i] for i in pick],
+                    work.prompt_logprobs[idx], work.logprob_start_len[idx], [work.request_ids[i] for i in pick])
+
+
+def replica_replay(policy: str, trace, work, idx: np.ndarray, options):
+    """The sequential replay of the requests ``idx`` of ``trace`` (``work``: its workload), in that
+    order: the trace itself when that is all of it, else its share (the readable model for a
+    small share, as :func:`kvsim.drive.sequential.replay` picks it)."""
+    from kvsim.drive.sequential import SMALL_REPLAY_TOKENS, replay, replay_workload
+
+    if len(idx) == len(trace) and bool((idx == np.arange(len(trace))).all()):
+        return replay(policy, trace, options)
+    small = int(trace.prompt_lengths[idx].sum() + trace.output_lengths[idx].sum()) <= SMALL_REPLAY_TOKENS
+    return replay_workload(policy, sub_workload(work, idx), options, "reference" if small else "fast",
+                           reported_as="fast")

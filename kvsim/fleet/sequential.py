@@ -25,13 +25,12 @@ import numpy as np
 
 from kvsim.drive.requests import workload
 from kvsim.drive.result import ReplayResult
-from kvsim.drive.sequential import replay
 from kvsim.engines import registry
 from kvsim.engines.base import ServedColumns
 from kvsim.engines.options import SimOptions
 from kvsim.fleet.base import IDLE, Router
 from kvsim.fleet.bounds import Bounds, bounds
-from kvsim.fleet.config import FleetSpec, RouteRequests, checked_router, log_seconds
+from kvsim.fleet.config import FleetSpec, RouteRequests, checked_router, log_seconds, replica_replay, sub_workload
 from kvsim.fleet.events import from_engine
 from kvsim.fleet.summary import fleet_summary
 
@@ -123,11 +122,13 @@ def fleet_replay(policy: str, trace, options: SimOptions, fleet: FleetSpec, prog
         replica = route_all(router, requests, times)
         routing = time.perf_counter() - t0
         subs = []
+        work = None
         for r in range(fleet.replicas):
             idx = np.flatnonzero(replica == r)
             sub = None
             if len(idx):
-                sub = replay(policy, trace if len(idx) == len(trace) else trace.select(idx), options)
+                work = workload(trace) if work is None else work
+                sub = replica_replay(policy, trace, work, idx, options)
             subs.append((idx, sub))
             if progress is not None:
                 progress(int(sum(len(i) for i, _ in subs)), len(trace))
@@ -173,7 +174,7 @@ def _served_with_events(spec, trace, options, router: Router, requests: RouteReq
         cols = ServedColumns.empty(len(idx))
         for k, s in enumerate(served[r]):
             cols.set(k, s)
-        sub_work = workload(trace if len(idx) == n else trace.select(idx))
+        sub_work = work if len(idx) == n else sub_workload(work, idx)
         config, extra, read = report(settings, servers[r].implementation, servers[r].report_cache(), sub_work, cols)
         subs.append((idx, ReplayResult(
             policy=spec.name, config=config, cached_tokens=cols.cached_tokens, rejected=cols.rejected,
