@@ -122,7 +122,7 @@ class Fleet:
         self._wait_up()
 
     def _wait_up(self) -> None:
-        end = time.monotonic() + 30
+        end = time.monotonic() + 120      # a loaded 2-core machine starts the gateway slowly
         while time.monotonic() < end:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"gateway exited with {self.proc.returncode}")
