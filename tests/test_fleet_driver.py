@@ -180,3 +180,20 @@ def test_generated_shared_prefix_cache_aware_beats_round_robin():
             run = run_fleet_concurrent(t, [policy], opts, mode, FleetSpec(8, router))[policy]
             rate[router] = run.fleet_summary(t)["token_hit_rate"]
         assert rate["cache_aware"] >= 1.5 * rate["round_robin"], (policy, rate)
+
+
+@pytest.mark.parametrize("policy", ["apc", "radix"])
+@pytest.mark.parametrize("mode", ["steps", "timed"])
+def test_each_replica_runs_as_it_would_alone(trace, policy, mode):
+    """In a fleet, each replica's requests are served step for step as that replica alone would
+    serve its share of the log: the fleet clock adds routing, not a different engine."""
+    opts = SimOptions(capacity_tokens=1500, **(TIMED if mode == "timed" else {}))
+    replay_mode = ReplayMode(mode)
+    fleet = run_fleet_concurrent(trace, [policy], opts, replay_mode, FleetSpec(3, "cache_aware"))[policy]
+    for r in range(3):
+        idx = np.flatnonzero(fleet.replica == r)
+        alone = run_concurrent(trace.select(idx), [policy], opts, replay_mode)[policy]
+        for k in ("cached_tokens", "first_token_step", "finish_step", "preemptions"):
+            assert np.array_equal(getattr(fleet.steps, k)[idx], getattr(alone.steps, k)), (r, k)
+        if mode == "timed":
+            assert np.allclose(fleet.timed.ttft[idx], alone.timed.ttft, equal_nan=True)

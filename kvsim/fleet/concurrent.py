@@ -99,8 +99,10 @@ def fleet_timed(result: StepResult, line: FleetTimeline) -> TimedResult:
 
 
 def run_fleet_concurrent(trace, policies: list[str], options: SimOptions, mode: ReplayMode, fleet: FleetSpec,
-                         progress: Callable[[str, int], Callable[[int], None]] | None = None) -> dict[str, FleetRun]:
-    """Replay ``trace`` through a fleet of each policy's scheduler model."""
+                         progress: Callable[[str, int], Callable[[int], None]] | None = None,
+                         with_bounds: bool = True) -> dict[str, FleetRun]:
+    """Replay ``trace`` through a fleet of each policy's scheduler model (and, ``with_bounds``,
+    compute the fleet's bounds)."""
     from kvsim.drive.step_cost import step_cost
 
     trace.require_tokens(f"--replay {mode.mode}")
@@ -126,7 +128,8 @@ def run_fleet_concurrent(trace, policies: list[str], options: SimOptions, mode: 
             r.timed = fleet_timed(result, line)
             r.uncached = fleet_timed(*once(without_prefix_caching(settings), "without prefix caching")[:2])
             r.cost = cost.describe()
-        r.bounds = bounds(policy, trace, options, line.replica, np.asarray(line.order, np.int64))
+        if with_bounds:
+            r.bounds = bounds(policy, trace, options, line.replica, np.asarray(line.order, np.int64))
         r.elapsed_s = time.perf_counter() - t0
         runs[policy] = r
     return runs
