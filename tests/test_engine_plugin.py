@@ -145,3 +145,11 @@ def test_serve_answers_as_simulate_replays(plugin, tmp_path, monkeypatch):
 def test_the_plugin_leaves_the_built_ins_alone():
     assert not os.environ.get(registry.PLUGINS_ENV)
     assert registry.names() == ["apc", "radix"]
+
+
+def test_report_shows_the_plugin_beside_the_built_ins(plugin, tmp_path):
+    out = tmp_path / "report.html"
+    assert run(["--engine-plugin", PLUGIN, "report", str(LOG), "--policy", "apc,lfu", "--capacity", "3000",
+                "--limit", "60", "--no-concurrent", "-o", str(out)]) == 0
+    page = out.read_text()
+    assert plugin.label in page and "vLLM APC" in page
