@@ -373,3 +373,48 @@ FLEET = Group("fleet", {
     "router_option": option(Optional[list[str]], "--router-option", "A router option KEY=VALUE, named as the router "
                             "names it (repeatable; docs/engines/routers.md).", FLEET_PANEL),
 }, _fleet)
+
+
+# -- offload tiers: vLLM's native CPU offloading, LMCache, SGLang HiCache (simulate; docs/offload.md) --
+OFFLOAD_PANEL = "Offload tier (--offload)"
+
+
+def _offload(**values) -> dict:
+    """The tier options given, as SimOptions.extra keys (kvsim.engines.offload checks them)."""
+    return {key: value for key, value in values.items() if value not in (None, False)}
+
+
+def _off(kind, flag: str, text: str, default=None):
+    return option(kind, flag, text, OFFLOAD_PANEL, default)
+
+
+#: the offload-tier options: the command receives a dict of SimOptions.extra keys (empty without them)
+OFFLOAD = Group("offload", {
+    "offload": _off(Optional[str], "--offload", "A KV tier beside the GPU: native (vLLM's CPU offloading) or lmcache "
+                    "with --policy apc, hicache (SGLang's host cache) with --policy radix."),
+    "offload_size": _off(Optional[str], "--offload-size", "The tier's size: tokens (250000, 1e6) or memory such as "
+                         "100GiB (needs --model), per GPU, as --capacity reads it."),
+    "disk_size": _off(Optional[str], "--disk-size", "LMCache: a local disk tier of this size (tokens or memory)."),
+    "offload_block_size": _off(Optional[int], "--offload-block-size", "vLLM native: the offload block in tokens, a "
+                               "multiple of --block-size (default: the GPU block)."),
+    "offload_eviction_policy": _off(Optional[str], "--offload-eviction-policy", "vLLM native: lru (default) or arc."),
+    "offload_store_threshold": _off(Optional[int], "--offload-store-threshold", "vLLM native: store a block once it "
+                                    "was offered this many times (default 0: always)."),
+    "hicache_ratio": _off(Optional[float], "--hicache-ratio", "SGLang: the host pool as a multiple of the device pool "
+                          "(default 2.0)."),
+    "hicache_size": _off(Optional[float], "--hicache-size", "SGLang: the host pool in GB (10^9 bytes, needs --model); "
+                         "overrides --hicache-ratio."),
+    "hicache_write_policy": _off(Optional[str], "--hicache-write-policy", "SGLang: write_through (default), "
+                                 "write_through_selective or write_back."),
+    "lmcache_chunk_size": _off(Optional[int], "--lmcache-chunk-size", "LMCache: chunk_size in tokens (default 256)."),
+    "lmcache_max_local_cpu_size": _off(Optional[float], "--lmcache-max-local-cpu-size", "LMCache: max_local_cpu_size "
+                                       "in GiB (default 5.0; needs --model; or --offload-size)."),
+    "lmcache_local_disk": _off(Optional[str], "--lmcache-local-disk", "LMCache: local_disk (a path; its size from "
+                               "--lmcache-max-local-disk-size or --disk-size)."),
+    "lmcache_max_local_disk_size": _off(Optional[float], "--lmcache-max-local-disk-size", "LMCache: "
+                                        "max_local_disk_size in GiB (needs --model)."),
+    "lmcache_save_unfull_chunk": _off(bool, "--lmcache-save-unfull-chunk", "LMCache: save the prompt's last partial "
+                                      "chunk too.", False),
+    "lmcache_min_retrieve_tokens": _off(Optional[int], "--lmcache-min-retrieve-tokens", "LMCache: load nothing below "
+                                        "this many tokens (default 0)."),
+}, _offload)

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from kvsim.cli.app import app, console
-from kvsim.cli.options import CalibrationFileOpt, ENGINE, FLEET, INPUT, DEFAULT, EngineOptions, LogInput, LogPaths, PolicyOpt, WarmupOpt, with_groups
+from kvsim.cli.options import CalibrationFileOpt, ENGINE, FLEET, INPUT, OFFLOAD, DEFAULT, EngineOptions, LogInput, LogPaths, PolicyOpt, WarmupOpt, with_groups
 from kvsim.cli.replay_options import (SCHEDULER, ArrivalFromOpt, ArrivalsOpt, ReplayOpt, SpeedupOpt, StepSecondsOpt,
                                       replay_mode)
 
@@ -18,7 +18,7 @@ _RAD = "SGLang radix settings"
 
 
 @app.command()
-@with_groups(SCHEDULER, ENGINE, INPUT, FLEET)
+@with_groups(SCHEDULER, ENGINE, INPUT, FLEET, OFFLOAD)
 def simulate(
     logs: LogPaths,
     policy: PolicyOpt = "apc",
@@ -45,6 +45,7 @@ def simulate(
     engine: EngineOptions = None,
     log_input: LogInput = None,
     fleet: object = None,
+    offload: dict = None,
 ) -> None:
     """Replay a prompt log through faithful models of vLLM APC and SGLang RadixAttention.
 
@@ -69,7 +70,7 @@ def simulate(
     if concurrency != 1:
         raise ConfigError("--concurrency is retired: use --replay steps or --replay timed")
     mode = replay_mode(replay, arrival_from, step_seconds, arrivals, speedup, calibration, **scheduler)
-    options = engine.sim_options(finish=finish)
+    options = engine.sim_options(finish=finish, **offload)
     if fleet is not None:
         simulate_fleet(logs, names, options, mode, fleet, json_out, per_request, html, warmup, calibration,
                        log_input)

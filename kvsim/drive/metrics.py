@@ -71,6 +71,8 @@ def summarize(result: ReplayResult, trace: Trace, calibration: Any = None) -> di
         out["warmup_requests"] = len(result) - int(m.sum())
     if calibration is not None:
         out.update(prefill_time_saved(result, trace, calibration))
+    if "offload" in result.extra:   # an offload tier's hits and transfers (kvsim.tiers.report)
+        out["offload"] = result.extra["offload"].summary(prompt, ok)
     return out
 
 
@@ -107,6 +109,9 @@ def per_request_frame(result: ReplayResult, trace: Trace) -> pd.DataFrame:
         "cache_read_skipped": ~result.rejected & ~result.read_cache,
         "evicted_tokens": result.evicted_tokens,
     })
+    if "offload" in result.extra:   # cached tokens by tier (gpu, cpu, disk)
+        tier = result.extra["offload"]
+        frame["cached_by_tier"] = pd.Series([tier.cached_by_tier(i) for i in range(len(trace))], dtype=object)
     for name, column in category_columns(trace).items():
         frame[name] = column
     m = counted(result)

@@ -15,13 +15,16 @@ step (the order the real scheduler was recorded making them, offload.md §4):
 
 The GPU side (the hit, the promotion of loaded blocks) is the caller's: kvsim's vLLM
 engine calls :meth:`SequentialOffload.serve` with the request's GPU hit and caches
-``local + external`` tokens.
+``local + external`` tokens. The connector is vLLM's native one
+(:class:`~kvsim.tiers.vllm_connector.OffloadConnector`) or LMCache's
+(:class:`~kvsim.tiers.lmcache_connector.LMCacheConnector`), whose loads are synchronous:
+the request runs in the step that loads (offload.md §2.5).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from kvsim.tiers.vllm_connector import InstantWorker, OffloadConnector, OffloadSettings
 from kvsim.tiers.vllm_policies import Key
@@ -40,6 +43,12 @@ class _Req:
     _num_tokens: int = 0
     _finished: bool = False
     block_hashes: list[Key] = field(default_factory=list)
+    all_tokens: Sequence[int] = ()       # prompt and outputs (LMCache keys tokens)
+
+    @property
+    def token_ids(self) -> Sequence[int]:
+        """The prompt and the outputs sampled so far."""
+        return self.all_tokens[:self._num_tokens]
 
     @property
     def num_tokens(self) -> int:
@@ -69,10 +78,15 @@ class Served(NamedTuple):
 class SequentialOffload:
     """vLLM's CPU tier under a sequential replay (``offload_vllm_driver.py`` mode sequential)."""
 
-    def __init__(self, settings: OffloadSettings, token_budget: int = 8192) -> None:
-        self.connector = OffloadConnector(settings)
+    def __init__(self, settings: OffloadSettings | Any, token_budget: int = 8192, block_size: int | None = None) -> None:
+        """``settings``: the native connector's, or a connector (LMCache's) and its GPU ``block_size``."""
+        if isinstance(settings, OffloadSettings):
+            self.connector, block_size = OffloadConnector(settings), settings.gpu_block_size
+        else:
+            self.connector = settings
+        assert block_size is not None
         self.worker = InstantWorker()
-        self.block_size = settings.gpu_block_size
+        self.block_size = block_size
         self.token_budget = token_budget
         self.steps = 0
 
@@ -83,23 +97,27 @@ class SequentialOffload:
         self.steps += 1
 
     def serve(self, request_id: str, block_hashes: Sequence[Key], num_prompt_tokens: int,
-              num_output_tokens: int, local: int, skip_reading_prefix_cache: bool = False) -> Served:
+              num_output_tokens: int, local: int, skip_reading_prefix_cache: bool = False,
+              tokens: Sequence[int] = ()) -> Served:
         """Serve one request whose GPU prefix hit is ``local`` tokens.
 
         ``block_hashes``: the chained keys of every full GPU block of the prompt and its
-        outputs (the last output token never fills a block that is hashed before finish)."""
+        outputs (the last output token never fills a block that is hashed before finish);
+        ``tokens``: the prompt and outputs (read by LMCache)."""
         L, M = num_prompt_tokens, max(num_output_tokens, 1)
-        req = _Req(request_id, block_hashes, L, self.block_size, skip_reading_prefix_cache)
+        req = _Req(request_id, block_hashes, L, self.block_size, skip_reading_prefix_cache, all_tokens=tokens)
         req.grow(L)
         conn = self.connector
         conn.on_new_request(req)
-        external, _ = conn.get_num_new_matched_tokens(req, local)
+        external, load_async = conn.get_num_new_matched_tokens(req, local)
         assert external is not None, "a sequential replay never meets a pending chunk"
         conn.update_state_after_alloc(req, external)
         req.num_computed_tokens = local
-        if external:
+        if external and load_async:
             self._step({})                      # the load step: the request waits
             req.num_computed_tokens = min(local + external, L - 1)
+        elif external:                          # a synchronous load: computed before the forward
+            req.num_computed_tokens = local + external
         generated = 0
         while generated < M:
             n = min(L - req.num_computed_tokens, self.token_budget) if req.num_computed_tokens < L else 1

@@ -67,6 +67,7 @@ class RadixSettings:
     finish: str = "length"                   # replies end by "length" or with a "stop" token
     max_new_tokens: int | None = None        # the client's max_tokens with finish="stop"
     eviction_amount: str = "shortfall"       # evict need - free (0.5.23) or the whole need (older)
+    hicache: Any = None                      # the host cache (kvsim.tiers.hicache.HiCacheSettings), None: off
 
     def __post_init__(self) -> None:
         p = self.page_size
@@ -103,6 +104,7 @@ class RadixSettings:
     @classmethod
     def from_options(cls, options: Any) -> "RadixSettings":
         """The settings a :class:`kvsim.engines.options.SimOptions` describes."""
+        from kvsim.engines.offload import hicache_tier
         from kvsim.models import radix_max_total_tokens
 
         extra = options.extra or {}
@@ -118,4 +120,5 @@ class RadixSettings:
             overlap=bool(extra.get("overlap", True)),
             chunked_prefill_size=sglang_chunked_prefill_size(options.gpu) if chunk is None else int(chunk),
             finish=str(extra.get("finish", "length")), max_new_tokens=None if cap is None else int(cap),
-            eviction_amount=str(extra.get("eviction_amount", "shortfall")))
+            eviction_amount=str(extra.get("eviction_amount", "shortfall")),
+            hicache=hicache_tier(options, radix_max_total_tokens(options), int(options.page_size)))

@@ -34,9 +34,10 @@ class RadixSpec(EngineSpec):
 
     @property
     def extra_keys(self) -> tuple[str, ...]:
+        from kvsim.engines.offload import KEYS
         from kvsim.engines.sglang.settings import EXTRA_KEYS
 
-        return EXTRA_KEYS
+        return (*EXTRA_KEYS, *KEYS)
 
     def check_concurrent(self, options: Any) -> None:
         super().check_concurrent(options)

@@ -87,7 +87,8 @@ def replay_report(settings, implementation: str, cache, work, cols) -> tuple[dic
         "page_size": settings.page_size,
         "eviction_policy": settings.eviction_policy,
         "max_total_tokens": settings.capacity,
-        **{k: v for k, v in asdict(settings).items() if k not in ("page_size", "capacity", "eviction_policy")},
+        **{k: v for k, v in asdict(settings).items() if k not in ("page_size", "capacity", "eviction_policy",
+                                                                 "hicache")},
         # the log line's "#cached-token" / "#new-token" summed over prefill batches, and
         # the cumulative hit rate they give (sglang:realtime_tokens_total cache/compute)
         "sglang_cached_token_sum": hit,

@@ -103,7 +103,9 @@ def replay_report(settings, implementation: str, cache, work, cols) -> tuple[dic
     from kvsim.engines.vllm.rules import reads_cache
 
     read = ~cols.rejected & reads_cache(work.prompt_logprobs)
-    figures = sequential_hit_rate_figures(work.prompt_lengths[read], cols.cached_tokens[read])
+    tier = getattr(cache, "tier", None)
+    local = cols.cached_tokens if tier is None else np.asarray(tier.gpu, np.int64)   # vLLM counts GPU hits
+    figures = sequential_hit_rate_figures(work.prompt_lengths[read], local[read])
     config = {"block_size": settings.block_size, "num_gpu_blocks": settings.num_gpu_blocks,
               "capacity_tokens": settings.capacity_tokens, "hash_algo": settings.hash_algo,
               "engine_version": settings.profile.version}
@@ -117,4 +119,7 @@ def replay_report(settings, implementation: str, cache, work, cols) -> tuple[dic
         "evicted_blocks": int(cols.evictions.sum()),
         **figures,
     }
+    if tier is not None:       # the offload tier (docs/engines/offload.md §1.12)
+        config["offload"] = settings.offload.as_dict()
+        extra["offload"] = cache.tier.run()
     return config, extra, read

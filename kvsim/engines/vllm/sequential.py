@@ -19,6 +19,14 @@ runs it as one compiled loop over a whole workload
 (:func:`kvsim.engines.vllm.manager_jit.run_sequential`), built from the manager's kernels;
 numba is loaded only when it runs. Tests hold the two equal, per request and in the
 pool's final state.
+
+With an offload tier (``settings.offload``: vLLM's native CPU offloading or LMCache), each
+request's connector calls run after its GPU life (:class:`~kvsim.tiers.setup.SequentialTier`):
+in a sequential replay the GPU pool does not depend on the tier, because a load fills the
+blocks the prefill would have popped, in the same order, and caches the same full blocks
+(``docs/engines/offload.md §4``). The fast engine runs its compiled GPU loop, then the
+readable tier for each request; the reported ``cached_tokens`` is vLLM's
+``num_cached_tokens``, local + external (offload.md §1.12).
 """
 from __future__ import annotations
 
@@ -32,6 +40,7 @@ from kvsim.engines.vllm import hashing, rules
 from kvsim.engines.vllm.manager import KVCacheManager, PoolState, Sequence
 from kvsim.engines.vllm.settings import APCSettings
 from kvsim.errors import ConfigError
+from kvsim.tiers.setup import SequentialTier
 
 
 class APCReference(PrefixCache):
@@ -60,6 +69,7 @@ class APCReference(PrefixCache):
         self.queries = 0   # vLLM prefix_cache_queries (tokens), as the metric counts them
         self.hits = 0      # vLLM prefix_cache_hits (tokens)
         self._seqs: dict[str, Sequence] = {}
+        self.tier = None if settings.offload is None else SequentialTier(settings.offload, settings.block_size)
 
     @classmethod
     def for_workload(cls, settings: APCSettings, work) -> "APCReference":
@@ -162,6 +172,8 @@ class APCReference(PrefixCache):
         rejected and leaves the cache untouched (§1 note)."""
         L, M = len(req.prompt), max(len(req.output), 1)
         if not self.fits_ever(req):
+            if self.tier is not None:
+                self.tier.rejected()
             return Served(0, True, 0, 0, M, 0)
         before = self.pool.num_evicted
         admission = self.admit(req)
@@ -169,10 +181,14 @@ class APCReference(PrefixCache):
         for _ in range(len(req.output) - 1):
             self.decode(req)
         self.peak_in_use_blocks = max(self.peak_in_use_blocks, self.blocks_needed(req))
+        cached = admission.cached_tokens
+        if self.tier is not None:   # the connector's calls for this request (offload.md §4)
+            seq = self._seqs[req.request_id]
+            cached += self.tier.serve(req.request_id, seq.block_hashes, L, M, cached, req.prompt_logprobs,
+                                      seq.tokens)
         self.finish(req)
         evicted = self.pool.num_evicted - before
-        return Served(admission.cached_tokens, False, evicted * self.page_size, evicted, M,
-                      L - admission.cached_tokens)
+        return Served(cached, False, evicted * self.page_size, evicted, M, L - cached)
 
     @property
     def peak_used_tokens(self) -> int:
@@ -269,6 +285,7 @@ class APCFast(SequentialCache):
         self._tbl = np.zeros(1, np.int32)
         self._hits = np.zeros(1, np.int32)
         self._peak_in_use = np.zeros(1, np.int64)
+        self.tier = None if settings.offload is None else SequentialTier(settings.offload, settings.block_size)
 
     def _lora_salt(self, lora: list, salt: list) -> tuple[list, list]:
         paths = self.settings.lora_paths
@@ -301,7 +318,26 @@ class APCFast(SequentialCache):
         """Serve every request of ``work`` in order; the compiled loop runs ``chunk``
         requests per call (default: about 1/64 of the trace), reporting
         ``progress(done, total)`` in between."""
-        return self.run(self.workload(work), progress, chunk)
+        kw = self.workload(work)
+        cols = self.run(kw, progress, chunk)
+        if self.tier is not None:
+            self._serve_tier(work, kw, cols)
+        return cols
+
+    def _serve_tier(self, work: Workload, kw: KeyedWorkload, cols: ServedColumns) -> None:
+        """The offload tier, request by request, after the GPU loop (the module docstring says why)."""
+        for i in range(len(kw.prompt_len)):
+            if cols.rejected[i]:
+                self.tier.rejected()
+                continue
+            a, b = int(work.prompt_offsets[i]), int(work.prompt_offsets[i + 1])
+            c, d = int(work.output_offsets[i]), int(work.output_offsets[i + 1])
+            tokens = np.concatenate([work.prompt_tokens[a:b], work.output_tokens[c:d]]).astype(np.int64)
+            L, local = int(kw.prompt_len[i]), int(cols.cached_tokens[i])
+            external = self.tier.serve(str(i), kw.keys[kw.key_off[i]:kw.key_off[i + 1]].tolist(), L,
+                                       int(kw.output_len[i]), local, not bool(kw.read[i]), tokens)
+            cols.cached_tokens[i] += external
+            cols.extend_tokens[i] -= external
 
     def run(self, kw: KeyedWorkload, progress: Progress | None = None, chunk: int | None = None) -> ServedColumns:
         """:meth:`replay` on an already keyed workload."""
@@ -330,7 +366,7 @@ class APCFast(SequentialCache):
                        np.asarray(req.output, np.int64), np.array([0, len(req.output)]), [req.lora],
                        [req.cache_salt], np.array([req.prompt_logprobs]), np.array([req.logprob_start_len]),
                        [req.request_id])
-        cols = self.run(self.workload(one))
+        cols = self.replay(one)
         return Served(*(col[0].item() for col in cols.__dict__.values()))
 
     # -- the pool ------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from typing import Any
 from kvsim.engines.vllm.hashing import check_algo
 from kvsim.errors import ConfigError
 
-#: keys of ``SimOptions.extra`` this engine reads
+#: keys of ``SimOptions.extra`` this engine reads (and the offload tier's, kvsim.engines.offload.KEYS)
 EXTRA_KEYS = ("lora_paths",)
 
 
@@ -46,6 +46,7 @@ class APCSettings:
     hash_algo: str = "fast"                # fast | sha256 | sha256_cbor
     engine_version: str | None = None      # behaviour profile: "0.33" (default) or "0.11"
     lora_paths: dict[str, str] = field(default_factory=dict)  # adapter name -> path (vLLM hashes both)
+    offload: Any = None                    # the CPU tier (kvsim.tiers.setup.VllmTier), None: none
 
     def __post_init__(self) -> None:
         b = self.block_size
@@ -87,6 +88,9 @@ class APCSettings:
             num_blocks = apc_num_gpu_blocks(options)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"invalid capacity: {e}") from None
+        from kvsim.engines.offload import vllm_tier
+
         lora_paths = (options.extra or {}).get("lora_paths") or {}
         return cls(block_size, num_blocks, options.hash_algo, options.engine_version,
-                   dict(lora_paths) if isinstance(lora_paths, dict) else lora_paths)
+                   dict(lora_paths) if isinstance(lora_paths, dict) else lora_paths,
+                   vllm_tier(options, block_size, num_blocks))

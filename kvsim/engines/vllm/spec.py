@@ -17,7 +17,13 @@ class APCSpec(EngineSpec):
     unit, unit_name = "block_size", "block"
     axes = ("block_size",)
     capacity_column = "num_gpu_blocks"
-    extra_keys = ("lora_paths",)
+    @property
+    def extra_keys(self) -> tuple[str, ...]:
+        from kvsim.engines.offload import KEYS
+        from kvsim.engines.vllm.settings import EXTRA_KEYS
+
+        return (*EXTRA_KEYS, *KEYS)
+
     curve, curve_exact = "chained_blocks", True
     optimal = "chained_blocks"
     settings_type = "kvsim.engines.vllm.settings:APCSettings"
@@ -38,7 +44,14 @@ class APCSpec(EngineSpec):
         return f"vLLM APC (block {config.get('block_size', '?')})"
 
     def sequential_figures(self, result: Any, hits: int, queries: int) -> dict[str, Any]:
-        # the rate vLLM's own log and metrics would show
+        # the rate vLLM's own log and metrics would show: GPU hits only, the connector's
+        # tokens are counted apart (docs/engines/offload.md §1.12)
+        tier = result.extra.get("offload")
+        if tier is not None:
+            looked = ~result.rejected & result.read_cache
+            if result.measured is not None:
+                looked &= result.measured
+            hits -= int(sum(tier.by_tier[t][looked].sum() for t in tier.tiers() if t != "gpu"))
         return {"vllm_logged_hit_rate": hits / queries if queries else 0.0}
 
 
