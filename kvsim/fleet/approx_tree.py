@@ -138,7 +138,11 @@ class ApproxTree:
     def insert(self, tokens: np.ndarray, tenant: int) -> None:
         """Record that ``tenant`` was sent ``tokens``."""
         toks, raw = self._bytes(tokens)
+        memo = self._memo[3]
         self.version += 1
+        if memo is not None and memo[0] == self.version - 1:
+            self._insert_at(toks, tenant, memo[1], memo[2])   # the walk match just did
+            return
         node, pos, n = self.root, 0, len(toks)
         while pos < n:
             first = int(toks[pos])
@@ -150,17 +154,44 @@ class ApproxTree:
                 return
             k = _shared(raw, 8 * pos, child.raw)
             if k < len(child.edge):              # split: the upper part copies tenants and owner
-                upper = Node(child.edge[:k], node, child.last_tenant)
-                upper.tenants = dict(child.tenants)
-                child.edge = child.edge[k:]
-                child.raw = child.raw[8 * k:]
-                child.parent = upper
-                upper.children[int(child.edge[0])] = child
-                node.children[first] = upper
-                child = upper
+                child = self._split(node, child, k)
             self._attach(child, tenant, 0)
             node, pos = child, pos + k
         node.tenants[tenant] = self._tick()
+
+    def _split(self, parent: Node, child: Node, k: int) -> Node:
+        """Cut ``child`` after ``k`` tokens; the upper part copies its tenants and owner."""
+        upper = Node(child.edge[:k], parent, child.last_tenant)
+        upper.tenants = dict(child.tenants)
+        parent.children[int(child.edge[0])] = upper
+        child.edge = child.edge[k:]
+        child.raw = child.raw[8 * k:]
+        child.parent = upper
+        upper.children[int(child.edge[0])] = child
+        return upper
+
+    def _insert_at(self, toks: np.ndarray, tenant: int, pos: int, stop: Node) -> None:
+        """``insert`` from where ``_descend`` stopped (``pos`` tokens matched, ending in ``stop``):
+        the same splits, attachments and stamps as the walk, without comparing tokens again."""
+        path = []
+        x = stop
+        while x is not self.root:
+            path.append(x)
+            x = x.parent
+        path.reverse()
+        if path:
+            k = pos - sum(len(p.edge) for p in path[:-1])
+            if k < len(stop.edge):                # ends inside stop's edge: split it there
+                path[-1] = self._split(stop.parent, stop, k)
+        for p in path:
+            self._attach(p, tenant, 0)
+        last = path[-1] if path else self.root
+        if pos < len(toks):
+            leaf = Node(toks[pos:].copy(), last, tenant)
+            last.children[int(toks[pos])] = leaf
+            self._attach(leaf, tenant, self._tick())
+        else:
+            last.tenants[tenant] = self._tick()
 
     def total(self) -> int:
         """Characters (tokens) held, summed over tenants."""
