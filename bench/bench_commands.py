@@ -37,6 +37,7 @@ Sections (``--only``, comma-separated; default all but ``first_run``):
     .venv/bin/python bench/bench_commands.py --runs 5
     KVSIM_ORACLE_PYTHON=.oracle-venv/bin/python .venv/bin/python bench/bench_commands.py --only engines
     .venv/bin/python bench/bench_commands.py --only first_run --fresh-venv /tmp/kvsim-fresh
+    .venv/bin/python bench/bench_commands.py --only phases --baseline /tmp/kvsim-before  # old code in turn
 """
 from __future__ import annotations
 
@@ -108,6 +109,7 @@ def profiled(args: list[str], env: dict, clear_cache: bool) -> dict:
         done = subprocess.run([sys.executable, str(PHASES), str(out), *map(str, args)], capture_output=True,
                               env={**os.environ, **env})
         wall = time.perf_counter() - t0
+        exited_at = time.time()
         after = os.times()
         if done.returncode != 0:
             raise RuntimeError(f"kvsim {' '.join(map(str, args))} failed:\n{done.stderr.decode()[-3000:]}")
@@ -116,7 +118,8 @@ def profiled(args: list[str], env: dict, clear_cache: bool) -> dict:
         out.unlink(missing_ok=True)
     data["wall_s"] = wall
     data["cpu_s"] = (after.children_user - before.children_user) + (after.children_system - before.children_system)
-    data["interpreter_s"] = wall - data["in_process_s"]
+    data["exit_s"] = exited_at - data["ended_at"]  # the interpreter's shutdown (threads joined, memory freed)
+    data["interpreter_s"] = wall - data["in_process_s"] - data["exit_s"]  # its start-up before this script ran
     return data
 
 
@@ -127,25 +130,31 @@ def med(values) -> float:
 
 def summarize(runs: list[dict]) -> dict:
     names = sorted({k for r in runs for k in r["phases"]})
-    return {"wall_s": med(r["wall_s"] for r in runs), "cpu_s": med(r["cpu_s"] for r in runs),
-            "interpreter_s": med(r["interpreter_s"] for r in runs),
+    return {"kvsim": runs[0]["kvsim"], "wall_s": med(r["wall_s"] for r in runs), "cpu_s": med(r["cpu_s"] for r in runs),
+            "interpreter_s": med(r["interpreter_s"] for r in runs), "exit_s": med(r["exit_s"] for r in runs),
             "before_first_stage_s": med(r["before_first_stage_s"] for r in runs),
             "phases": {n: med(r["phases"].get(n, 0.0) for r in runs) for n in names},
             "walls": [round(r["wall_s"], 3) for r in runs]}
 
 
-def paired(full: list[str], small: list[str], runs: int, env: dict, clear_cache: bool = True) -> dict:
+def paired(full: list[str], small: list[str], runs: int, env: dict, clear_cache: bool = True,
+           baseline: dict | None = None) -> dict:
     """The command on the log and on its small copy, in turn; medians, and the median of the
-    differences (start-up cancelled)."""
-    a_runs, b_runs, diffs, cpu_diffs = [], [], [], []
+    differences (start-up cancelled). With ``baseline`` (the environment of other code, e.g.
+    its PYTHONPATH) that code runs in turn with this one, and its figures are under "baseline"."""
+    variants = {"now": env, **({"baseline": {**env, **baseline}} if baseline else {})}
+    got: dict = {v: ([], []) for v in variants}
     for _ in range(runs):
-        a, b = profiled(full, env, clear_cache), profiled(small, env, clear_cache)
-        a_runs.append(a)
-        b_runs.append(b)
-        diffs.append(a["wall_s"] - b["wall_s"])
-        cpu_diffs.append(a["cpu_s"] - b["cpu_s"])
-    return {"full": summarize(a_runs), "small": summarize(b_runs), "difference_s": med(diffs),
-            "difference_cpu_s": med(cpu_diffs), "differences": [round(d, 3) for d in diffs]}
+        for v, e in variants.items():
+            got[v][0].append(profiled(full, e, clear_cache))
+            got[v][1].append(profiled(small, e, clear_cache))
+    out = {}
+    for v, (a_runs, b_runs) in got.items():
+        diffs = [a["wall_s"] - b["wall_s"] for a, b in zip(a_runs, b_runs)]
+        cpu_diffs = [a["cpu_s"] - b["cpu_s"] for a, b in zip(a_runs, b_runs)]
+        out[v] = {"full": summarize(a_runs), "small": summarize(b_runs), "difference_s": med(diffs),
+                  "difference_cpu_s": med(cpu_diffs), "differences": [round(d, 3) for d in diffs]}
+    return out if baseline else out["now"]
 
 
 def commands(files: dict, per_request: Path) -> dict[str, tuple[list[str], list[str]]]:
@@ -166,16 +175,19 @@ def commands(files: dict, per_request: Path) -> dict[str, tuple[list[str], list[
 
 
 # -- sections --------------------------------------------------------------------------------
-def bench_phases(files: dict, runs: int, env: dict, only: str | None) -> dict:
+def bench_phases(files: dict, runs: int, env: dict, only: str | None, baseline: dict | None) -> dict:
     out = {}
     per_request = files["dir"] / "per_request.jsonl"
     for name, (full, small) in commands(files, per_request).items():
         if only and only not in name:
             continue
         profiled(full, env, True)  # kernels loaded (compiled once) before timing
-        out[name] = paired(full, small, runs, env)
-        print(f"  {name}: {out[name]['full']['wall_s']:.2f} s whole, {out[name]['difference_s']:.2f} s "
-              "beyond the first megabyte's command", file=sys.stderr, flush=True)
+        if baseline:
+            profiled(full, {**env, **baseline}, True)
+        out[name] = paired(full, small, runs, env, baseline=baseline)
+        for v, r in (out[name].items() if baseline else [("now", out[name])]):
+            print(f"  {name} [{v}]: {r['full']['wall_s']:.2f} s whole (CPU {r['full']['cpu_s']:.2f} s), "
+                  f"{r['difference_s']:.2f} s beyond the first megabyte's command", file=sys.stderr, flush=True)
     return out
 
 
@@ -353,6 +365,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--real-runs", type=int, default=1, help="runs of the real engines (engines)")
     ap.add_argument("--fresh-venv", type=Path, default=Path("/tmp/kvsim-fresh-venv"))
+    ap.add_argument("--baseline", type=Path, help="phases: also run the kvsim code in this folder (a checkout), "
+                    "in turn with this one")
     ap.add_argument("--json", type=Path, help="write the measurements here")
     args = ap.parse_args()
     sections = args.only.split(",")
@@ -363,7 +377,8 @@ def main() -> None:
         files = make_inputs(tmp, args.requests)
         results["inputs"] = {k: v.stat().st_size for k, v in files.items() if isinstance(v, Path) and v.is_file()}
         results["tokens_log"] = files["tokens_info"]
-        steps = {"phases": lambda: bench_phases(files, args.runs, env, args.command),
+        baseline = {"PYTHONPATH": str(args.baseline.resolve())} if args.baseline else None
+        steps = {"phases": lambda: bench_phases(files, args.runs, env, args.command, baseline),
                  "engines": lambda: bench_engines(files, args.runs, args.real_runs, env),
                  "chat": lambda: bench_chat(files, args.runs, env),
                  "second": lambda: bench_second(files, args.runs, env),

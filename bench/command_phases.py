@@ -3,7 +3,8 @@
     python bench/command_phases.py OUT.json KVSIM-ARGS...
 
 The command runs as ``kvsim`` runs it (``kvsim.cli.run``); functions of each stage are wrapped
-to time them (wall seconds, inclusive; the numba import and kernel loading on any thread).
+to time them (wall seconds, inclusive; the numba import and kernel loading on any thread),
+and the process ends as the ``kvsim`` script ends it.
 OUT.json holds the phases and ``in_process_s``, the time from this script's first line to
 the command's end (the caller adds the interpreter's own start-up from the process's wall
 time).
@@ -61,15 +62,16 @@ def _wrap_modules() -> None:
 
     store, content_hash = cache.PendingStore.store, cache.content_hash
 
-    def timed_store(self, trace):
+    def timed_store(self, trace, **kw):
         t = time.perf_counter()
-        self._thread.join()
-        phases["trace cache store: waiting for the content hash"] += time.perf_counter() - t
-        t = time.perf_counter()
+        if kw.get("wait", True):
+            self._thread.join()
+            phases["trace cache store: waiting for the content hash"] += time.perf_counter() - t
+            t = time.perf_counter()
         try:
-            return store(self, trace)
+            return store(self, trace, **kw)
         finally:
-            phases["trace cache store: writing"] += time.perf_counter() - t
+            phases["trace cache store: writing (or starting its thread)"] += time.perf_counter() - t
 
     def timed_hash(path):
         t = time.perf_counter()
@@ -141,10 +143,13 @@ def main() -> int:
     _wrap_modules()
     rc = kvsim.cli.run(argv)
     end = time.perf_counter()
-    result = {"rc": rc, "in_process_s": end - T0, "phases": dict(phases),
+    result = {"rc": rc, "in_process_s": end - T0, "ended_at": time.time(), "phases": dict(phases), "kvsim": kvsim.cli.__file__,
               "before_first_stage_s": (first_call[0] - T0) if first_call else None}
     with open(out, "w") as f:
         json.dump(result, f)
+    finish = getattr(kvsim.cli, "exit_now", None)  # end the process as the kvsim script does
+    if finish is not None:
+        finish(rc)
     return rc
 
 
