@@ -11,7 +11,10 @@ cache_aware``), per engine and replay mode:
 - ``steps``: SGLang's generated-shared-prefix workload (``kvsim/workloads/shared_prefix.py``,
   ``--groups`` groups of 16, SGLang's 2,048 + 128 tokens, 256 out) at ``--rate``
   requests/s on the step clock (0.05 s per step); the fleet: 8 scheduler models on the
-  fleet clock.
+  fleet clock. Also timed: the 8 replicas each alone on its share of the log (the same
+  steps, ``tests/test_fleet_driver.py``): the fleet's cost over theirs is the routing and
+  the fleet clock, where the single replica of the whole log models different work (one
+  engine's queue instead of eight engines' batches) once memory is tight.
 
 Times are CPU seconds (``time.process_time``: other jobs on a shared machine do not inflate
 them), medians of ``--runs``, one CPU, after a warm-up run (compiled kernels loaded). The
@@ -34,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import numpy as np  # noqa: E402
 from common import pin_to_one_cpu, synthetic_chat  # noqa: E402
 
 from kvsim.drive.concurrent import ReplayMode, run_concurrent  # noqa: E402
@@ -79,17 +83,23 @@ def bench_sequential(args, fleet: FleetSpec) -> None:
 
 def bench_steps(args, fleet: FleetSpec) -> None:
     trace = shared_prefix.trace(groups=args.groups, rate=args.rate)
+    cap = "unlimited" if args.steps_capacity is None else f"{args.steps_capacity:,.0f} tokens per replica"
     print(f"steps: generated-shared-prefix, {len(trace):,} requests, {trace.num_prompt_tokens / 1e6:.1f}M prompt "
-          f"tokens at {args.rate} req/s, capacity {args.steps_capacity:,} tokens per replica")
+          f"tokens at {args.rate} req/s, capacity {cap}")
     opts, mode = SimOptions(capacity_tokens=args.steps_capacity), ReplayMode("steps")
     for policy in args.engines.split(","):
         run_concurrent(trace.head(50), [policy], opts, mode)             # warm-up
         one_s, one = cpu_median(lambda: run_concurrent(trace, [policy], opts, mode)[policy], args.runs)
-        many_s, run = cpu_median(lambda: run_fleet_concurrent(trace, [policy], opts, mode, fleet)[policy],
-                                 args.runs)
+        many_s, run = cpu_median(lambda: run_fleet_concurrent(trace, [policy], opts, mode, fleet,
+                                                              with_bounds=False)[policy], args.runs)
+        bound_s, _ = cpu_median(lambda: bounds(policy, trace, opts, run.replica, run.line.order), 1)
+        shares = [trace.select(np.flatnonzero(run.replica == r)) for r in range(fleet.replicas)]
+        alone_s, _ = cpu_median(lambda: [run_concurrent(t, [policy], opts, mode) for t in shares if len(t)],
+                                args.runs)
         s = run.steps
         ok = ~s.rejected
-        print(f"  {policy}: single {one_s:.3f} s, fleet {many_s:.3f} s (bounds included): {many_s / one_s:.2f}x; "
+        print(f"  {policy}: single {one_s:.3f} s, fleet {many_s:.3f} s: {many_s / one_s:.2f}x; the 8 replicas "
+              f"alone on their shares {alone_s:.3f} s: fleet / alone {many_s / alone_s:.2f}x; bounds {bound_s:.3f} s; "
               f"hit rate {one.steps.cached_tokens.sum() / trace.prompt_lengths.sum():.1%} -> "
               f"{s.cached_tokens[ok].sum() / trace.prompt_lengths[ok].sum():.1%}")
 
@@ -104,7 +114,8 @@ def main() -> int:
                     "unlimited, so that both sides hold the same prefixes)")
     ap.add_argument("--groups", type=int, default=64, help="steps: shared-prefix groups of 16 requests")
     ap.add_argument("--rate", type=float, default=16.0, help="steps: requests per second")
-    ap.add_argument("--steps-capacity", type=int, default=20_000, help="steps: KV tokens per replica")
+    ap.add_argument("--steps-capacity", type=float, default=None, help="steps: KV tokens per replica (default: "
+                    "unlimited)")
     ap.add_argument("--write-gsp", type=Path, default=None,
                     help="write the generated-shared-prefix log (SGLang's defaults, --rate) and stop")
     args = ap.parse_args()
