@@ -73,7 +73,8 @@ def load_trace(
     stored = trace_cache.lookup(sources, key)
     if stored is not None:
         return stored
-    pending = trace_cache.PendingStore(sources, key)
+    # in the background, the content hash waits for the end of the read (it took a core from it)
+    pending = trace_cache.PendingStore(sources, key, hash_while_reading=wait_for_store)
     trace = _read(sources, format, tokenizer, chat_template, trace_block_size, on_error, limit, progress,
                   reader_options)
     pending.store(trace, wait=wait_for_store)

@@ -11,8 +11,9 @@ trace (format, tokenizer, chat template, trace block size, ``--on-error``, ``--l
 reader options; a tokenizer file or template file by its content), kvsim's trace format
 version and the trace's fields (so an entry written by another kvsim is never read). It
 records each file's size, modification and change times, inode and a BLAKE2b hash of its
-content (computed on a thread of its own while the log is read; the command line has the entry
-written on another while the command goes on). It is served when every file's stat is unchanged; when the stat changed but the
+content (computed on a thread of its own while the log is read; the command line has it
+computed and the entry written on another thread once the log is read, while the command goes
+on). It is served when every file's stat is unchanged; when the stat changed but the
 size did not (a copy, a ``touch``) or the file changed within two seconds of being recorded
 (timestamps too coarse to tell), the content hash decides. A changed, truncated or appended
 log is read again and its entry replaced. Entries past ``KVSIM_TRACE_CACHE_MAX_BYTES``
@@ -179,17 +180,19 @@ def lookup(sources: Sequence[Path], options: dict[str, Any]) -> "Trace | None":
 
 class PendingStore:
     """Started before a log is read: the files' stamps, and their content hashes computed in
-    a background thread while the log is parsed. :meth:`store` writes the entry, or (with
-    ``wait=False``) has a thread of its own write it while the caller goes on (the process
-    waits for it before it exits, and :func:`lookup` before it looks)."""
+    a background thread while the log is parsed (``hash_while_reading``; else once the entry
+    is written). :meth:`store` writes the entry, or (with ``wait=False``) has a thread of its
+    own write it while the caller goes on (the process waits for it before it exits, and
+    :func:`lookup` before it looks)."""
 
-    def __init__(self, sources: Sequence[Path], options: dict[str, Any]) -> None:
+    def __init__(self, sources: Sequence[Path], options: dict[str, Any], hash_while_reading: bool = True) -> None:
         self.sources = [Path(p) for p in sources]
         self.options = options
         self.stamps = [Stamp.of(p) for p in self.sources]
         self._hashes: list[str] = []
         self._thread = threading.Thread(target=self._hash, daemon=True, name="kvsim-hash")
-        self._thread.start()
+        if hash_while_reading:
+            self._thread.start()
 
     def _hash(self) -> None:
         try:
@@ -225,7 +228,10 @@ class PendingStore:
     def _write(self, encoded: tuple[bytes, list], counts: dict[str, int]) -> bool:
         from kvsim.io.trace.mapped import write_encoded
 
-        self._thread.join()
+        if self._thread.ident is None:  # not started while the log was read: hash it now
+            self._hash()
+        else:
+            self._thread.join()
         if len(self._hashes) != len(self.sources) or not self._unchanged():
             return False
         for stamp, digest in zip(self.stamps, self._hashes):
