@@ -221,6 +221,9 @@ def simulate_fleet(logs: list[Path], names: list[str], options, mode, fleet, jso
         render_simulation(console, trace, results, options, calibration=calib)
         console.print("[dim]Replay: sequential (one request at a time through the fleet; --replay steps|timed for "
                       "the engines' schedulers under load). Capacity and peak KV are one replica's.[/]")
+        if window.active:
+            console.print(f"[dim]Warm-up: {window.describe(len(trace))} (SGLang's logged rate, a whole-run figure, "
+                          "is not shown).[/]")
         fleets = {name: run.fleet_summary(trace) for name, run in runs.items()}
         rows = lambda: fleet_rows(trace, runs)
     else:
