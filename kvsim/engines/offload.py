@@ -240,4 +240,4 @@ def hicache_tier(options: Any, capacity: int | None, page_size: int):
         if gb <= 0 and ratio <= 0:
             raise ConfigError("--hicache-ratio must be positive (or give --hicache-size / --offload-size)")
         host = host_pool_tokens(capacity, page_size, ratio, gb, per_token)
-    return HiCacheSettings(host_tokens=host, page_size=page_size, write_policy=policy)
+    return HiCacheSettings(host_tokens=host, page_size=page_size, write_policy=policy, bytes_per_token=per_token)

@@ -70,6 +70,7 @@ class HiCacheSettings:
     page_size: int = 1
     write_policy: str = "write_through"
     load_back_threshold: int = LOAD_BACK_THRESHOLD
+    bytes_per_token: int = 0          # host KV bytes per token, for reports (0: unknown)
 
     def __post_init__(self) -> None:
         if self.write_policy not in WRITE_POLICIES:
@@ -80,6 +81,13 @@ class HiCacheSettings:
     @property
     def write_through_threshold(self) -> int:
         return 1 if self.write_policy == "write_through" else 2
+
+    def describe(self) -> str:
+        return f"SGLang HiCache (host {self.host_tokens:,} tokens; {self.write_policy})"
+
+    def as_dict(self) -> dict:
+        return {"backend": "hicache", "capacity_tokens": {"cpu": self.host_tokens}, "write_policy": self.write_policy,
+                "load_back_threshold": self.load_back_threshold, "bytes_per_token": self.bytes_per_token}
 
 
 class HiCacheHost:

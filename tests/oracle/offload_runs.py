@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import offload_client
+import offload_engine_jobs
 from offload_lmcache_ops import random_script as lmcache_script
 from offload_manager_ops import random_script as manager_script
 from sched_workloads import SchedMix, random_workload
@@ -149,6 +150,9 @@ def all_systems() -> dict[str, Any]:
         "random": random_jobs(tmp),
         "lmcache": [] if lmcache_why else lmcache_jobs(),
         "hicache": {} if hicache_why else hicache_jobs(tmp),
+        # the whole-replay differentials of kvsim's engines with a tier (test_offload_*_oracle.py)
+        "engine_vllm": offload_engine_jobs.vllm_jobs(tmp),
+        "engine_hicache": [] if hicache_why else offload_engine_jobs.hicache_jobs(tmp),
     }
     flat = [j for part in parts.values() for j in (part.values() if isinstance(part, dict) else part)]
     results = iter(offload_client.run_jobs("vllm", copy.deepcopy(flat), python))

@@ -24,6 +24,12 @@ method of :class:`RadixCache` with the engine's name:
    this holds for both schedulers), split the leaf at the prompt boundary with a
    one-higher priority, free the private tail, unlock (§3.3).
 
+With HiCache on (``settings.hicache``, docs/engines/offload.md §3) the tree is a
+:class:`~kvsim.engines.sglang.hitree.HiRadixTree`: step 2 also finds the host part of the
+match, step 3 loads it back (``init_load_back``), steps 5 and 7 back nodes up by the write
+policy, and every step starts by acknowledging the transfers in flight
+(``check_hicache_events``).
+
 The cache is a tree (:class:`~kvsim.engines.sglang.tree.RadixTree`, or the fast engine's
 :class:`~kvsim.engines.sglang.tree.LazyHeapTree`) and an allocator
 (:class:`~kvsim.engines.sglang.allocator.PageAllocator` with slot ids, or the
@@ -69,6 +75,9 @@ class RequestState:
     extra_step: bool = False            # overlap + stop token: one wasted decode step
     evicted_tokens: int = 0
     evicted_leaves: int = 0
+    best_node: Node | None = None       # HiCache: the deepest matched node with KV anywhere
+    host_hit: int = 0                   # HiCache: matched tokens only the host holds
+    cached_host: int = 0                # HiCache: of cached_tokens, loaded from host
 
     @property
     def prompt(self) -> np.ndarray:
@@ -98,6 +107,7 @@ class RadixCache:
         self.log_input_tokens = 0               # ... and #new-token
         self.evicted_tokens = 0
         self.evicted_leaves = 0
+        self.hicache = s.hicache is not None
 
     # -- requests ------------------------------------------------------------------------
     def new_state(self, prompt: np.ndarray, outputs: np.ndarray, max_new: int, ns: Hashable = None,
@@ -178,6 +188,8 @@ class RadixCache:
         KV (``prefix_indices``; radix.md §2).
         """
         state.prefix_len, state.last_node = self.tree.match_prefix(state.tokens[:length], state.ns, limit)
+        if self.hicache:    # the walk went on through host-only nodes (offload.md §3.5)
+            state.best_node, state.host_hit = self.tree.last_best, self.tree.last_host_hit
         if state.prefix_len and state.row is not None:
             state.row[:state.prefix_len] = self.tree.path_value(state.last_node)[:state.prefix_len]
 
@@ -196,6 +208,8 @@ class RadixCache:
         if not rules.admits(extend, state.max_new, p, room):
             tree.unlock(state.last_node)
             return False
+        if state.host_hit:
+            extend -= self.load_back(state)
         extend = rules.first_chunk(extend, self.settings.chunked_prefill_size, p)
         if extend <= 0:
             tree.unlock(state.last_node)
@@ -205,6 +219,27 @@ class RadixCache:
         self.log_hit_tokens += state.prefix_len
         self.log_input_tokens += extend
         return True
+
+    def load_back(self, state: RequestState) -> int:
+        """``init_load_back``: the host part of the match comes to the device whole, or not at
+        all (under 10 tokens, or no device room; offload.md §3.5); the lock moves onto it."""
+        tree = self.tree
+        loaded = sum(len(x.key) for x in tree.load_back(state.best_node, lambda n: self.evict_to_free(n, state)))
+        if loaded:
+            tree.unlock(state.last_node)
+            tree.lock(state.best_node)
+            state.last_node = state.best_node
+            state.prefix_len += loaded
+            state.protected = state.prefix_len
+            state.cached_host = loaded
+            if state.row is not None:
+                state.row[:state.prefix_len] = tree.path_value(state.last_node)
+        return loaded
+
+    def check_hicache_events(self) -> None:
+        """The start of a scheduler step: HiCache's transfers in flight are acknowledged."""
+        if self.hicache:
+            self.tree.check_events()
 
     def add_chunked_req(self, state: RequestState) -> None:
         """``PrefillAdder.add_chunked_req``: the next chunk, bounded by free + evictable."""
@@ -304,6 +339,12 @@ def make_cache(settings: RadixSettings, fast: bool = False) -> RadixCache:
     """The readable cache (a :class:`RadixTree` over slot ids) or, ``fast``, the fast engine's
     (a :class:`LazyHeapTree` over counts): the same decisions either way."""
     s = settings
+    if s.hicache is not None:   # HiCache: the readable tree with host copies, over slot ids (both implementations)
+        from kvsim.engines.sglang.hitree import HiRadixTree
+
+        pool = PageAllocator(s.capacity, s.page_size)
+        return RadixCache(s, HiRadixTree(s.page_size, s.eviction_policy, s.tree, s.policy_config, s.hicache, pool),
+                          pool)
     tree = (LazyHeapTree if fast else RadixTree)(s.page_size, s.eviction_policy, s.tree, s.policy_config)
     return RadixCache(s, tree, (TokenCounter if fast else PageAllocator)(s.capacity, s.page_size))
 

@@ -33,26 +33,38 @@ from kvsim.engines.sglang.tree import Node
 
 
 def serve_one(cache: RadixCache, state: RequestState) -> Served:
-    """A lone request's whole life (the steps of :mod:`kvsim.engines.sglang.request`)."""
+    """A lone request's whole life (the steps of :mod:`kvsim.engines.sglang.request`); with
+    HiCache every step starts with ``check_hicache_events`` (docs/engines/offload.md §3.1)."""
     log_before = cache.log_input_tokens
     L = state.num_prompt
+    hicache = cache.hicache
+    if hicache:
+        cache.check_hicache_events()
     cache.calc_priority(state)
     cache.init_next_round_input(state)
     if not cache.add_one_req(state):
         return Served(0, True, state.evicted_tokens, state.evicted_leaves, state.max_new, 0)
     cache.alloc_extend(state)
     while state.extend_end < L:   # chunked prefill: checkpoint the chunk, schedule the next
+        if hicache:
+            cache.check_hicache_events()
         cache.checkpoint(state, state.extend_end)
         cache.add_chunked_req(state)
         cache.alloc_extend(state)
     k = state.k
     if k > 1:
         if cache.settings.overlap:  # the first decode step is prepared before the prefill result
+            if hicache:
+                cache.check_hicache_events()
             cache.decode(state, 1)
             cache.checkpoint(state, L)
         else:
             cache.checkpoint(state, L)
+            if hicache:
+                cache.check_hicache_events()
             cache.decode(state, 1)
+        if hicache and k > 2:
+            cache.check_hicache_events()
         cache.decode(state, k - 2)
     if state.extra_step:   # overlap + stop token: the step built before the stop was seen
         cache.decode(state, 1)
@@ -71,6 +83,7 @@ class _RadixSequential(SequentialCache):
         self.page_size = s.page_size
         self.cache = make_cache(s, self.fast)
         self.tree = self.cache.tree
+        self._split: list[tuple[int, int]] = []     # HiCache: (device, host) tokens per request
 
     def state_for(self, prompt: np.ndarray, output: np.ndarray, ns: Hashable, logprob_start_len: int = -1):
         return plan_request(self.cache, prompt, output, ns, logprob_start_len)
@@ -89,7 +102,21 @@ class _RadixSequential(SequentialCache):
                      logprob_start_len: int = -1) -> Served:
         """Serve a request: its prompt, the output tokens it would generate, its namespace;
         ``logprob_start_len`` (-1: none) caps its match."""
-        return serve_one(self.cache, self.state_for(prompt, output, ns, logprob_start_len))
+        state = self.state_for(prompt, output, ns, logprob_start_len)
+        served = serve_one(self.cache, state)
+        if self.cache.hicache:    # the per-request device / host split (offload.md §3.6)
+            host = 0 if served.rejected else state.cached_host
+            self._split.append((served.cached_tokens - host, host))
+        return served
+
+    def tier_run(self):
+        """HiCache's per-request split and counters (None without HiCache)."""
+        if not self.cache.hicache:
+            return None
+        from kvsim.engines.sglang.hitree import tier_run
+
+        device, host = zip(*self._split) if self._split else ((), ())
+        return tier_run(self.tree, list(device), list(host))
 
     # -- inspection -----------------------------------------------------------------
     def available(self) -> int | float:

@@ -95,6 +95,9 @@ class RadixSettings:
                               f"choose from {', '.join(EVICTION_AMOUNTS)}")
         if self.max_new_tokens is not None and self.max_new_tokens < 0:
             raise ConfigError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.hicache is not None and self.tree != "unified":
+            raise ConfigError("--offload hicache is built on the unified tree (SGLang 0.5.23's UnifiedRadixCache): "
+                              "drop --radix-tree classic")
 
     @property
     def capacity_tokens(self) -> int | None:

@@ -102,4 +102,7 @@ def replay_report(settings, implementation: str, cache, work, cols) -> tuple[dic
               "eviction_policy": settings.eviction_policy, "radix_tree": settings.tree,
               "overlap": settings.overlap, "chunked_prefill_size": settings.chunked_prefill_size,
               "finish": settings.finish}
+    if settings.hicache is not None:    # the host tier (docs/engines/offload.md §3)
+        config["offload"] = settings.hicache.as_dict()
+        extra["offload"] = cache.tier_run()
     return config, extra, ~match_capped(work.prompt_lengths, work.logprob_start_len)
