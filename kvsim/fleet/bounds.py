@@ -38,9 +38,13 @@ class Bounds:
 
 
 def unlimited(options: SimOptions) -> SimOptions:
-    """The same options with an unlimited capacity (every capacity source cleared)."""
+    """The same options with an unlimited capacity (every capacity source cleared; an offload
+    tier dropped: an unlimited GPU cache evicts nothing it could keep)."""
+    from kvsim.engines.offload import KEYS
+
+    extra = {k: v for k, v in (options.extra or {}).items() if k not in KEYS}
     return dataclasses.replace(options, capacity_tokens=math.inf, num_gpu_blocks=None, max_total_tokens=None,
-                               kv_cache_memory=None)
+                               kv_cache_memory=None, extra=extra)
 
 
 def _cached(policy: str, trace, work, order: np.ndarray, options: SimOptions) -> np.ndarray:

@@ -107,6 +107,8 @@ class _EventSequential:
         L, M = len(req.prompt), max(len(req.output), 1)
         if self.unlimited:
             self._ensure_no_eviction(cache.blocks_needed(req))
+        if getattr(cache, "tier", None) is not None:
+            return cache.serve(req)      # an offload tier under the pool: its own life, step by step
         if not cache.fits_ever(req):
             return Served(0, True, 0, 0, M, 0)
         before = cache.pool.num_evicted
