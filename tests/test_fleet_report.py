@@ -27,3 +27,17 @@ def test_fleet_section_has_the_attribution_and_every_replica():
     f = fleets["apc"]
     assert f"delivered {f['token_hit_rate']:.1%}" in section.paragraphs[1]
     assert f"the larger gap is {f['larger_gap']}" in section.paragraphs[1] or f["larger_gap"] == "neither"
+
+
+def test_report_command_adds_the_fleet_section(tmp_path):
+    """kvsim report --replicas N --router R: the page has the Fleet section at the chosen capacity."""
+    from pathlib import Path
+
+    from kvsim.cli import run
+
+    log = Path(__file__).resolve().parents[1] / "traces" / "multi_tenant.jsonl"
+    out = tmp_path / "report.html"
+    assert run(["report", str(log), "--capacity", "3000", "--limit", "80", "--replicas", "3", "--router",
+                "cache_aware", "--no-concurrent", "-o", str(out)]) == 0
+    page = out.read_text()
+    assert "Fleet: 3 replicas behind cache_aware" in page and "Replicas of vLLM APC" in page

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from kvsim.cli.options import CalibrationFileOpt, CAPACITY, INPUT, EngineOptions, LogInput, with_groups
+from kvsim.cli.options import CAPACITY, FLEET, INPUT, CalibrationFileOpt, EngineOptions, LogInput, with_groups
 from kvsim.cli.app import app, console, err_console
 from kvsim.cli.replay_options import SpeedupOpt
 from kvsim.cli.options import ANALYZE_DEFAULT, BlockSizesOpt, TopOpt
@@ -38,7 +38,7 @@ def html_report(html: Path, trace: Any, logs: list[Path], options: Any = None, p
 
 
 @app.command()
-@with_groups(CAPACITY, INPUT)
+@with_groups(CAPACITY, FLEET, INPUT)
 def report(
     logs: LogPaths,
     output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write (self-contained: images "
@@ -64,6 +64,7 @@ def report(
         "--agreement", help="The log is a record of kvsim serve --upstream: print where kvsim's predicted "
         "cached_tokens agree with the server's, instead of the HTML page.", rich_help_panel=_OUT)] = False,
     engine: EngineOptions = None,
+    fleet: object = None,
     log_input: LogInput = None,
 ) -> None:
     """Write an HTML report (plus PNG charts) of a prompt log: what a prefix cache would save.
@@ -113,7 +114,7 @@ def report(
     check_output_path(output, logs)
     options = ReportOptions(sim=sim, block_sizes=parse_block_sizes(block_sizes), top=top, show_text=show_text,
                             model=engine.model, calibration=calib, gpu_results=gpu_results, jobs=jobs, warmup=window,
-                            concurrent=concurrent, speedup=speedup, policies=policy)
+                            concurrent=concurrent, speedup=speedup, policies=policy, fleet=fleet)
     trace = log_input.load(logs)
     html_report(output, trace, logs, options, png_dir=png_dir)
 

@@ -65,6 +65,7 @@ class ReportOptions:
     warmup: Any = None                       # kvsim.warmup: first requests fill the cache, are not counted
     concurrent: bool = True                  # the "Under load" section (kvsim.report.concurrent)
     speedup: float = 1.0                     # its arrivals, this many times faster than logged
+    fleet: Any = None                        # kvsim.fleet.config.FleetSpec: the Fleet section (docs/fleet.md)
     policies: Any = None                     # the engines: names, a comma list or "all" (None: all)
 
     def __post_init__(self) -> None:
@@ -186,6 +187,8 @@ class _Builder:
             self._group_section(groups),
             self._recommendation_section(),
         ]
+        if o.fleet is not None:
+            sections.append(self._fleet_section())
         if o.gpu_results is not None:
             sections.append(self._gpu_section())
         sections.append(self._notes_section())
@@ -502,6 +505,17 @@ class _Builder:
         return panels
 
     # -- sections ------------------------------------------------------------------------
+    def _fleet_section(self) -> Section:
+        """N replicas of each engine behind the router, at the chosen capacity per replica."""
+        from kvsim.engines import registry
+        from kvsim.fleet.sequential import run_fleet_simulation
+        from kvsim.report.fleet import fleet_section
+
+        self._phase(f"replaying fleets: {self.opts.fleet.describe()}")
+        runs = run_fleet_simulation(self.trace, list(self.runs), self.chosen_sim, self.opts.fleet)
+        fleets = {name: run.fleet_summary(self.trace) for name, run in runs.items()}
+        return fleet_section(fleets, {name: registry.engine(name).label for name in fleets}, self._chart)
+
     def _chart(self, name: str, fig: Any, caption: str, alt: str) -> Chart:
         title = fig.axes[0].get_title(loc="left") if fig.axes else name
         if getattr(fig, "_suptitle", None) is not None:

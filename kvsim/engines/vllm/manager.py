@@ -441,23 +441,30 @@ class KVCacheManager:
         return needed + sum(1 for b in hits if b.ref_cnt == 0 and not b.is_null)
 
     def _fits(self, seq: Sequence, num_slots: int, hits: Seq[Block], full_sequence_must_fit: bool,
-              apply_watermark: bool) -> bool:
+              apply_watermark: bool, reserved_blocks: int = 0) -> bool:
         """Both of vLLM's checks against the free blocks, each less the watermark when asked:
-        the 0.33 gate (the whole current sequence must fit, §4.4), then the slots asked for."""
+        the 0.33 gate (the whole current sequence must fit, §4.4), then the slots asked for
+        (less ``reserved_blocks``: what in-flight prefills still need, for an async KV load)."""
         free = self.pool.num_free_blocks - (self.watermark_blocks if apply_watermark else 0)
         if full_sequence_must_fit and \
                 self.num_blocks_to_allocate(seq, min(seq.num_tokens, self.max_model_len), hits) > free:
             return False
-        return self.num_blocks_to_allocate(seq, min(num_slots, self.max_model_len), hits) <= free
+        return self.num_blocks_to_allocate(seq, min(num_slots, self.max_model_len), hits) <= free - reserved_blocks
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: list[Block] | None = None, num_lookahead_tokens: int = 0,
-                       full_sequence_must_fit: bool = False, apply_watermark: bool = False) -> list[Block] | None:
-        """Reserve slots for ``num_new_tokens`` more tokens; None (and no change) if they don't fit."""
+                       full_sequence_must_fit: bool = False, apply_watermark: bool = False,
+                       num_external_computed_tokens: int = 0, delay_cache_blocks: bool = False,
+                       reserved_blocks: int = 0) -> list[Block] | None:
+        """Reserve slots for ``num_new_tokens`` more tokens; None (and no change) if they don't fit.
+
+        A KV connector's ``num_external_computed_tokens`` take new blocks too; with
+        ``delay_cache_blocks`` (an async load) nothing is cached until the load is done
+        (docs/engines/offload.md §1.6)."""
         hits = list(new_computed_blocks or [])
-        computed = seq.num_computed_tokens + num_new_computed_tokens
+        computed = seq.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
         num_slots = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        if not self._fits(seq, num_slots, hits, full_sequence_must_fit, apply_watermark):
+        if not self._fits(seq, num_slots, hits, full_sequence_must_fit, apply_watermark, reserved_blocks):
             return None
         if seq.request_id not in self.req_to_blocks:
             # hits are touched before new blocks are popped, so a request never evicts its
@@ -469,22 +476,26 @@ class KVCacheManager:
         blocks = self.req_to_blocks[seq.request_id]
         new = self.pool.get_new_blocks(max(math.ceil(num_slots / self.block_size) - len(blocks), 0))
         blocks.extend(new)
-        if self.enable_caching:
+        if self.enable_caching and not delay_cache_blocks:
             # only tokens that are final get cached: never a lookahead slot (§4.1)
             self.cache_blocks(seq, min(computed + num_new_tokens, seq.num_tokens))
         return new
 
     def allocate(self, seq: Sequence, num_computed: int, num_new_tokens: int, num_new_computed: int = 0,
                  hits: list | None = None, full_sequence_must_fit: bool = False,
-                 apply_watermark: bool = False) -> bool:
+                 apply_watermark: bool = False, num_external: int = 0, delay_cache: bool = False,
+                 reserved_blocks: int = 0) -> bool:
         """The scheduler's ``allocate_slots`` call for a request with ``num_computed`` tokens
-        computed; False (nothing changed) when the blocks do not fit."""
+        computed (and, with a KV connector, ``num_external`` tokens to load); False (nothing
+        changed) when the blocks do not fit."""
         seq.num_computed_tokens = num_computed
-        if self._nothing_to_do(seq, num_computed + num_new_computed + num_new_tokens, hits, full_sequence_must_fit):
+        if not num_external and \
+                self._nothing_to_do(seq, num_computed + num_new_computed + num_new_tokens, hits, full_sequence_must_fit):
             return True
         return self.allocate_slots(seq, num_new_tokens, num_new_computed, hits,
-                                   full_sequence_must_fit=full_sequence_must_fit,
-                                   apply_watermark=apply_watermark) is not None
+                                   full_sequence_must_fit=full_sequence_must_fit, apply_watermark=apply_watermark,
+                                   num_external_computed_tokens=num_external, delay_cache_blocks=delay_cache,
+                                   reserved_blocks=reserved_blocks) is not None
 
     def fits(self, seq: Sequence, num_new_tokens: int, num_hits: int, hits: list, full_sequence_must_fit: bool,
              apply_watermark: bool) -> bool:

@@ -81,6 +81,10 @@ class VllmSchedSettings:
         return kv_cache_manager(self.implementation, self.num_gpu_blocks, self.block_size, self.watermark,
                                 self.hash_algo, max_model_len, self.enable_prefix_caching)
 
+    def scheduler(self) -> "VllmScheduler":
+        """The scheduler over these settings (a subclass may bring its own: a KV connector's)."""
+        return VllmScheduler(self)
+
     def engine(self, prompts, outputs, priorities=None, loras=None, salts=None, prompt_logprobs=None,
                **_other) -> "VllmEngine":
         """The engine core over these requests (``loras`` / ``salts``: namespaces; a
@@ -303,37 +307,46 @@ class VllmScheduler:
 
         # (b) waiting requests, only in a step that preempted nobody (§3.3)
         if not preempted:
-            skipped: list[VllmRequest] = []
-            waiting = self.waiting
-            while budget > 0 and waiting and len(running) < s.max_num_seqs:
-                req = waiting.peek()
-                if req.num_stale_output_tokens:
-                    # async: its pre-preemption output is still in flight; it keeps its
-                    # place but lets the requests behind it go first (§4.3)
-                    skipped.append(waiting.pop())
-                    continue
-                hits, num_hits = cache.lookup(req.seq)
-                if req.num_preemptions <= 0:
-                    req.prefill_cached = num_hits   # the first prefill's stats (§3.6)
-                n = req.num_tokens - num_hits
-                if 0 < threshold < n:
-                    n = threshold
-                if not s.enable_chunked_prefill and n > budget:
-                    break
-                n = min(n, budget)
-                if not cache.allocate(req.seq, 0, n, num_hits, hits, full_sequence_must_fit=s.reserve_full_isl,
-                                      apply_watermark=bool(running)):
-                    break           # head-of-line blocking: nobody behind it is tried (§3.3)
-                waiting.pop()
-                running.append(req)
-                scheduled[req] = n
-                budget -= n
-                req.status = RUNNING
-                req.num_computed_tokens = num_hits
-            for req in reversed(skipped):
-                waiting.prepend(req)
+            budget = self._schedule_waiting(scheduled, budget, threshold)
+        return self._update_after_schedule(step, scheduled, decoding)
 
-        # _update_after_schedule (+ AsyncScheduler's placeholders)
+    def _schedule_waiting(self, scheduled: dict, budget: int, threshold: int) -> int:
+        """Admit waiting requests in queue order into ``scheduled``; returns the budget left (§3.3)."""
+        s, cache, running = self.settings, self.cache, self.running
+        skipped: list[VllmRequest] = []
+        waiting = self.waiting
+        while budget > 0 and waiting and len(running) < s.max_num_seqs:
+            req = waiting.peek()
+            if req.num_stale_output_tokens:
+                # async: its pre-preemption output is still in flight; it keeps its
+                # place but lets the requests behind it go first (§4.3)
+                skipped.append(waiting.pop())
+                continue
+            hits, num_hits = cache.lookup(req.seq)
+            if req.num_preemptions <= 0:
+                req.prefill_cached = num_hits   # the first prefill's stats (§3.6)
+            n = req.num_tokens - num_hits
+            if 0 < threshold < n:
+                n = threshold
+            if not s.enable_chunked_prefill and n > budget:
+                break
+            n = min(n, budget)
+            if not cache.allocate(req.seq, 0, n, num_hits, hits, full_sequence_must_fit=s.reserve_full_isl,
+                                  apply_watermark=bool(running)):
+                break           # head-of-line blocking: nobody behind it is tried (§3.3)
+            waiting.pop()
+            running.append(req)
+            scheduled[req] = n
+            budget -= n
+            req.status = RUNNING
+            req.num_computed_tokens = num_hits
+        for req in reversed(skipped):
+            waiting.prepend(req)
+        return budget
+
+    def _update_after_schedule(self, step: int, scheduled: dict, decoding: set) -> StepPlan:
+        """``_update_after_schedule`` (+ AsyncScheduler's placeholders): the step's plan."""
+        s = self.settings
         sampled: dict[VllmRequest, int] = {}
         placeholder = int(s.async_scheduling)
         for req, n in scheduled.items():
@@ -417,7 +430,7 @@ class VllmEngine:
         self.settings = settings
         self.loras, self.salts = loras, salts       # namespaces: LoRA adapter name, cache_salt
         self.prompt_logprobs = prompt_logprobs      # bool per request: skips reading the cache
-        self.scheduler = VllmScheduler(settings)
+        self.scheduler = settings.scheduler()
         self.prompts, self.outputs = prompts, outputs
         self.priorities = priorities
         self.result = StepResult.empty("vllm", len(prompts))
