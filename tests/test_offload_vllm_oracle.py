@@ -101,3 +101,42 @@ def test_sequential_replay_equals_the_real_engine_per_request(real, model):
     assert seen["requests_with_cpu_hit"] > 150 and all(v > 0 for v in seen.values()), seen
     assert {k[0] for k in kinds} == {"lru", "arc"} and any(k[1] for k in kinds)
     assert {k[2] for k in kinds} >= {16, 32, 48, 64}
+
+
+def test_step_clock_replay_equals_the_real_scheduler_per_request(real, model):
+    """On the step clock (the engine jobs: bursts of arrivals, GPU pressure, preemption, loads
+    deferred behind pending stores, sync and async scheduling): per request cached_tokens, its
+    CPU part, the first-token and finishing steps and the preemptions equal the real scheduler's."""
+    from kvsim.drive.clock import run_steps
+    from kvsim.engines.vllm.connector import OffloadSchedSettings
+    from kvsim.engines.vllm.scheduler import scheduler_settings
+
+    runs = [(j, r) for j, r in real["engine_vllm"] if j["mode"] == "steps"]
+    assert len(runs) >= 8
+    seen = {"external": 0, "preemptions": 0, "async": 0}
+    for job, res in runs:
+        options = SimOptions(num_gpu_blocks=job["num_gpu_blocks"], block_size=16, model=model, extra={
+            "offload": "native", "offload_size": f"{job['cpu_bytes_to_use']}B",
+            "offload_block_size": job["offload_block_size"], "offload_eviction_policy": job["eviction_policy"],
+            "offload_store_threshold": job["store_threshold"]})
+        s, _ = scheduler_settings(options, {"max_num_batched_tokens": job["max_num_batched_tokens"],
+                                            "max_num_seqs": job["max_num_seqs"],
+                                            "async_scheduling": job["async_scheduling"]})
+        assert isinstance(s, OffloadSchedSettings) and s.offload.native.num_chunks == res["counters"]["num_chunks"]
+        work = kvsim_workload(job["workload"])
+        prompts = [work.prompt_tokens[work.prompt_offsets[i]:work.prompt_offsets[i + 1]] for i in range(len(work))]
+        outputs = [work.output_tokens[work.output_offsets[i]:work.output_offsets[i + 1]] for i in range(len(work))]
+        engine = s.engine(prompts, outputs, loras=work.lora, salts=work.cache_salt)
+        run_steps(engine, np.load(job["workload"])["arrival"])
+        got, name = engine.result, Path(job["workload"]).name
+        served = ~res["rejected"].astype(bool)
+        np.testing.assert_array_equal(got.rejected, ~served, err_msg=name)
+        np.testing.assert_array_equal(got.cached_tokens[served], (res["local"] + res["external"])[served], err_msg=name)
+        np.testing.assert_array_equal(got.extra["offload"].by_tier["cpu"][served], res["external"][served],
+                                      err_msg=name)
+        for key in ("first_token_step", "finish_step", "preemptions"):
+            np.testing.assert_array_equal(getattr(got, key)[served], res[key][served], err_msg=f"{name} {key}")
+        seen["external"] += int(res["external"][served].sum())
+        seen["preemptions"] += int(res["preemptions"].sum())
+        seen["async"] += int(job["async_scheduling"])
+    assert all(v > 0 for v in seen.values()), seen

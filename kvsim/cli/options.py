@@ -417,4 +417,8 @@ OFFLOAD = Group("offload", {
                                       "chunk too.", False),
     "lmcache_min_retrieve_tokens": _off(Optional[int], "--lmcache-min-retrieve-tokens", "LMCache: load nothing below "
                                         "this many tokens (default 0)."),
+    "offload_bandwidth": _off(Optional[float], "--offload-bandwidth", "--replay timed: GPU <-> host GB/s (default: "
+                              "the PCIe / NVLink-C2C link of --gpu, kvsim/costs/links.py)."),
+    "disk_bandwidth": _off(Optional[float], "--disk-bandwidth", "--replay timed: LMCache disk GB/s (default 7, one "
+                           "NVMe drive)."),
 }, _offload)

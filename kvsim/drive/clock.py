@@ -127,8 +127,10 @@ def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> 
         line.decode_tokens = np.zeros(n, np.int64)
         batch = []
 
-        def on_batch(step, reqs, new, context, decode):
-            batch.append(cost.seconds(new, context))
+        def on_batch(step, reqs, new, context, decode, load_s=0.0, overlap=True):
+            # an offload tier's load in this step: overlapped with the compute or before it
+            compute = cost.seconds(new, context)
+            batch.append(max(compute, load_s) if overlap else compute + load_s)
             for i, k, d in zip(reqs, new, decode):
                 if np.isnan(line.first_scheduled[i]):
                     line.first_scheduled[i] = now

@@ -35,6 +35,8 @@ OPTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "lmcache_max_local_disk_size": ("--lmcache-max-local-disk-size", ("lmcache",)),
     "lmcache_save_unfull_chunk": ("--lmcache-save-unfull-chunk", ("lmcache",)),
     "lmcache_min_retrieve_tokens": ("--lmcache-min-retrieve-tokens", ("lmcache",)),
+    "offload_bandwidth": ("--offload-bandwidth", ()),
+    "disk_bandwidth": ("--disk-bandwidth", ("lmcache",)),
 }
 #: the SimOptions.extra keys of the offload tiers (both engine specs declare them)
 KEYS = tuple(OPTIONS)
@@ -127,6 +129,14 @@ def _bytes_per_token(options: Any) -> int:
     return get_model(options.model).kv_bytes_per_token()
 
 
+def _links(options: Any, tier: dict) -> dict[str, float]:
+    """The tier's link bandwidths (bytes/s) for a timed replay: the GPU's host link and the disk's."""
+    from kvsim.costs.links import disk_bytes_per_s, host_link_bytes_per_s
+
+    return {"link_bytes_per_s": host_link_bytes_per_s(options.gpu, tier.get("offload_bandwidth")),
+            "disk_bytes_per_s": disk_bytes_per_s(tier.get("disk_bandwidth"))}
+
+
 def _needs_gpu_pool(capacity: int | None, backend: str) -> None:
     if capacity is None:
         raise ConfigError(f"--offload {backend} keeps what a finite GPU pool evicts: give a capacity "
@@ -164,7 +174,7 @@ def vllm_tier(options: Any, block_size: int, num_gpu_blocks: int | None):
         native = OffloadSettings(num_chunks=chunks, gpu_block_size=block_size, block_size=chunk,
                                  eviction_policy=policy,
                                  store_threshold=_int(tier, "offload_store_threshold", 0))
-        return VllmTier("native", native=native, token_budget=budget, bytes_per_token=per_token)
+        return VllmTier("native", native=native, token_budget=budget, bytes_per_token=per_token, **_links(options, tier))
     # LMCache (offload.md §2.1): --offload-size or LMCache's own max_local_cpu_size (GiB)
     chunk = _int(tier, "lmcache_chunk_size", 256, 1)
     if "offload_size" in tier and "lmcache_max_local_cpu_size" in tier:
@@ -182,7 +192,7 @@ def vllm_tier(options: Any, block_size: int, num_gpu_blocks: int | None):
                                save_unfull_chunk=bool(tier.get("lmcache_save_unfull_chunk", False)),
                                min_retrieve_tokens=_int(tier, "lmcache_min_retrieve_tokens", 0))
     return VllmTier("lmcache", lmcache=settings, cpu_chunks=cpu, disk_chunks=disk, token_budget=budget,
-                    bytes_per_token=per_token)
+                    bytes_per_token=per_token, **_links(options, tier))
 
 
 def _lmcache_chunks(tier: dict, size_key: str, gib_key: str, default_gib: float, chunk: int, per_token: int,
@@ -240,4 +250,5 @@ def hicache_tier(options: Any, capacity: int | None, page_size: int):
         if gb <= 0 and ratio <= 0:
             raise ConfigError("--hicache-ratio must be positive (or give --hicache-size / --offload-size)")
         host = host_pool_tokens(capacity, page_size, ratio, gb, per_token)
-    return HiCacheSettings(host_tokens=host, page_size=page_size, write_policy=policy, bytes_per_token=per_token)
+    return HiCacheSettings(host_tokens=host, page_size=page_size, write_policy=policy, bytes_per_token=per_token,
+                           link_bytes_per_s=_links(options, tier)["link_bytes_per_s"])

@@ -71,6 +71,11 @@ class HiCacheSettings:
     write_policy: str = "write_through"
     load_back_threshold: int = LOAD_BACK_THRESHOLD
     bytes_per_token: int = 0          # host KV bytes per token, for reports (0: unknown)
+    link_bytes_per_s: float = 32e9    # host <-> GPU, for timed replays (kvsim.costs.links)
+
+    def load_seconds(self, tokens: int) -> float:
+        """A load-back of ``tokens`` over the host link."""
+        return tokens * self.bytes_per_token / self.link_bytes_per_s
 
     def __post_init__(self) -> None:
         if self.write_policy not in WRITE_POLICIES:

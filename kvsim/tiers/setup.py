@@ -30,6 +30,8 @@ class VllmTier:
     disk_chunks: int = 0                     # LMCache's local disk tier (0: none)
     token_budget: int = 8192                 # max_num_batched_tokens of a sequential replay's steps
     bytes_per_token: int = 0                 # KV bytes per token (0: no --model, bytes not reported)
+    link_bytes_per_s: float = 32e9           # GPU <-> host (kvsim.costs.links), for timed replays
+    disk_bytes_per_s: float = 7e9            # LMCache's local disk
 
     @property
     def chunk_tokens(self) -> int:
@@ -53,6 +55,12 @@ class VllmTier:
     def sequential(self, gpu_block_size: int) -> SequentialOffload:
         """The connector's calls for requests served one at a time (offload.md §4)."""
         return SequentialOffload(self.connector(), self.token_budget, block_size=gpu_block_size)
+
+    def load_seconds(self, loads: list[dict[str, int]]) -> float:
+        """How long the step's loads take: each tier's tokens over its link (one link, loads queue)."""
+        per = self.bytes_per_token
+        return sum(n * per / (self.disk_bytes_per_s if name == "disk" else self.link_bytes_per_s)
+                   for load in loads for name, n in load.items())
 
     def describe(self) -> str:
         cap = ", ".join(f"{name} {tokens:,} tokens" for name, tokens in self.capacity_tokens.items())

@@ -6,7 +6,9 @@ vLLM 0.33.0 scheduler + OffloadingConnector and the real SGLang 0.5.23 scheduler
 UnifiedRadixCache with HiCache (the jobs run in the one tier oracle process of
 ``offload_runs.all_systems``). Random mixes of shared system prompts, multi-turn sessions,
 repeats and tenants (LoRA / cache-salt namespaces), under GPU pressure, with CPU tiers from
-a few chunks to more than the GPU.
+a few chunks to more than the GPU. The vLLM jobs signal the requests that finish in one step in
+the order they finished (``finish_order``, ``offload_vllm_driver.make_scheduler``): vLLM's own
+order is a ``set``'s, randomized per process.
 """
 from __future__ import annotations
 
@@ -32,6 +34,10 @@ VLLM = [
     ("steps", 12, 30, 25, "arc", 0, 32, True, 256, "tenants"),
     ("steps", 13, 24, 60, "lru", 2, 16, True, 128, "long"),
     ("steps", 14, 50, 10, "arc", 0, 16, False, 512, "sessions"),
+    ("steps", 15, 20, 30, "arc", 0, 32, True, 128, "long"),
+    ("steps", 16, 60, 200, "lru", 0, 64, False, 2048, "tenants"),
+    ("steps", 17, 16, 8, "lru", 0, 16, True, 64, "sessions"),
+    ("steps", 18, 28, 40, "arc", 3, 48, False, 256, "long"),
 ]
 MIXES = {
     "long": dict(system_prompts=4, system_len=(40, 160), user_len=(1, 50), output_len=(1, 10)),
@@ -68,7 +74,7 @@ def vllm_jobs(tmp: Path) -> list[dict]:
         jobs.append(dict(kind="sched", workload=str(path), record=False, mode=mode, num_gpu_blocks=gpu,
                          cpu_bytes_to_use=cpu * PAGE * (ob // 16), eviction_policy=policy, store_threshold=thr,
                          offload_block_size=ob, async_scheduling=async_, max_num_batched_tokens=budget,
-                         max_num_seqs=8, **SHAPE))
+                         max_num_seqs=8, finish_order="insertion", **SHAPE))
     return jobs
 
 

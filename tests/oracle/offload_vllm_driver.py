@@ -185,7 +185,41 @@ def make_scheduler(job: dict):
     cls = config.scheduler_config.get_scheduler_cls()
     s = cls(config, kv, V["StructuredOutputManager"](config), block_size=B, log_stats=True)
     assert type(s.connector).__name__ == "OffloadingConnector"
+    if job.get("finish_order") == "insertion":
+        # finished_req_ids is a set: the connector signals the requests that finished in one
+        # step in its iteration order, which PYTHONHASHSEED randomizes. This job makes it
+        # the order they finished in (the order kvsim signals them), nothing else changes.
+        s.finished_req_ids = InsertionOrderedSet()
+        update_after = s._update_after_schedule
+
+        def _update_after_schedule(scheduler_output):
+            update_after(scheduler_output)
+            s.finished_req_ids = InsertionOrderedSet()
+        s._update_after_schedule = _update_after_schedule
     return s
+
+
+class InsertionOrderedSet(set):
+    """A set that iterates in insertion order (scheduler.finished_req_ids, see make_scheduler)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._order: dict = {}
+
+    def add(self, item) -> None:
+        super().add(item)
+        self._order.setdefault(item, None)
+
+    def discard(self, item) -> None:
+        super().discard(item)
+        self._order.pop(item, None)
+
+    def remove(self, item) -> None:
+        super().remove(item)
+        self._order.pop(item, None)
+
+    def __iter__(self):
+        return iter(list(self._order))
 
 
 class FakeWorker:

@@ -139,12 +139,24 @@ def vllm_settings(options, unlimited_blocks: int | None = None, **overrides) -> 
 
 
 def scheduler_settings(options, overrides: dict, trace=None) -> tuple[VllmSchedSettings, str]:
-    """The scheduler settings a replay of ``trace`` uses: an unlimited pool holds every request at once."""
+    """The scheduler settings a replay of ``trace`` uses: an unlimited pool holds every request at once.
+    With an offload tier (``--offload``), the connector's settings (kvsim.engines.vllm.connector)."""
     blocks = None
     if trace is not None and len(trace):
         need = trace.prompt_lengths + np.maximum(trace.output_lengths, 1)
         blocks = int((-(-need // int(options.block_size))).sum()) + 2
-    return vllm_settings(options, unlimited_blocks=blocks, **overrides)
+    settings, note = vllm_settings(options, unlimited_blocks=blocks, **overrides)
+    from kvsim.engines.offload import vllm_tier
+
+    tier = vllm_tier(options, settings.block_size, apc_num_gpu_blocks(options))
+    if tier is not None:
+        from dataclasses import asdict, replace
+
+        from kvsim.engines.vllm.connector import OffloadSchedSettings
+
+        fields = {k: v for k, v in asdict(settings).items()}
+        settings = OffloadSchedSettings(**fields, offload=replace(tier, token_budget=settings.max_num_batched_tokens))
+    return settings, note
 
 
 class VllmRequest:
@@ -280,8 +292,11 @@ class VllmScheduler:
             while not allocate(req.seq, computed, n):
                 # preempt the lowest-priority running request: the last one (FCFS) or
                 # the largest (priority, arrival) (§3.4)
+                victim = max(running, key=VllmRequest.sort_key) if priority else running[-1]
+                if not self._can_free(victim):
+                    ok = None       # a deferred free would not help now (a KV connector's, kvsim.engines.vllm.connector)
+                    break
                 if priority:
-                    victim = max(running, key=VllmRequest.sort_key)
                     at = running.index(victim)
                     del running[at]
                     if at < i:
@@ -296,7 +311,7 @@ class VllmScheduler:
                     ok = False
                     break
             if not ok:
-                if priority:
+                if priority and ok is not None:
                     continue        # it preempted itself; later (higher-priority) requests may fit
                 break
             scheduled[req] = n
@@ -359,6 +374,10 @@ class VllmScheduler:
                 req.num_output_placeholders += placeholder
         self.finished_since_schedule = False
         return StepPlan(step, scheduled, sampled, decoding)
+
+    def _can_free(self, req: VllmRequest) -> bool:
+        """Whether preempting ``req`` frees its blocks now (always, without a KV connector)."""
+        return True
 
     def _preempt(self, req: VllmRequest) -> None:
         """``_preempt_request``: free its blocks, recompute from scratch later (§3.4)."""
