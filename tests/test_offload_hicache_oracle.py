@@ -48,15 +48,18 @@ def model(tmp_path_factory) -> str:
     return str(path)
 
 
-def settings(job: dict, model: str) -> RadixSettings:
-    """kvsim's settings for a driver job, through SimOptions as the CLI builds them (the driver runs
-    the non-overlap scheduler with 8192-token chunks)."""
+def options(job: dict, model: str) -> SimOptions:
+    """The options of a driver job as the CLI builds them (the driver's loop is the overlap
+    scheduler's, ``sglang_sched_driver.Replay``, with 8192-token chunks)."""
     extra = {"offload": "hicache", "hicache_write_policy": job.get("hicache_write_policy", "write_through"),
-             "hicache_ratio": job.get("hicache_ratio", 2.0), "overlap": False, "chunked_prefill_size": 8192}
+             "hicache_ratio": job.get("hicache_ratio", 2.0), "overlap": True, "chunked_prefill_size": 8192}
     if job.get("hicache_size"):
         extra["hicache_size"] = job["hicache_size"]
-    return RadixSettings.from_options(SimOptions(max_total_tokens=job["capacity"], page_size=job.get("page_size", 1),
-                                                 model=model, extra=extra))
+    return SimOptions(max_total_tokens=job["capacity"], page_size=job.get("page_size", 1), model=model, extra=extra)
+
+
+def settings(job: dict, model: str) -> RadixSettings:
+    return RadixSettings.from_options(options(job, model))
 
 
 def test_host_pool_from_the_options_is_the_real_pool(real, model):
@@ -92,4 +95,36 @@ def test_sequential_replay_equals_the_real_engine_per_request(real, model):
         host_hits[policy] = host_hits.get(policy, 0) + int(res["host"][admitted].sum())
     # every write policy serves hits from host under pressure
     assert all(host_hits.get(p, 0) > 500 for p in ("write_through", "write_through_selective", "write_back")), \
+        host_hits
+
+
+def test_step_clock_replay_equals_the_real_scheduler_per_request(real, model):
+    """On the step clock (bursts of arrivals sharing batches, backups and load-backs acknowledged a
+    step later, every write policy): per request cached_tokens, its host part and the first-token
+    and finishing steps equal the real scheduler's."""
+    from kvsim.drive.clock import run_steps
+    from kvsim.engines.sglang.hicache import HiCacheSchedSettings
+    from kvsim.engines.sglang.scheduler import scheduler_settings
+
+    runs = [(j, r) for j, r in [*real["hicache"].values(), *real["engine_hicache"]] if j.get("mode") == "steps"]
+    assert len(runs) >= 6
+    host_hits = {}
+    for job, res in runs:
+        s, _ = scheduler_settings(options(job, model), {"max_running_requests": job["max_running_requests"]})
+        assert isinstance(s, HiCacheSchedSettings)
+        work = kvsim_workload(job["workload"])
+        prompts = [work.prompt_tokens[work.prompt_offsets[i]:work.prompt_offsets[i + 1]] for i in range(len(work))]
+        outputs = [work.output_tokens[work.output_offsets[i]:work.output_offsets[i + 1]] for i in range(len(work))]
+        engine = s.engine(prompts, outputs, loras=work.lora, salts=work.cache_salt)
+        run_steps(engine, np.load(job["workload"])["arrival"])
+        got, name = engine.result, Path(job["workload"]).name
+        served = res["cached"] >= 0
+        np.testing.assert_array_equal(got.rejected, ~served, err_msg=name)
+        np.testing.assert_array_equal(got.cached_tokens[served], res["cached"][served], err_msg=name)
+        np.testing.assert_array_equal(got.extra["offload"].by_tier["cpu"][served], res["host"][served], err_msg=name)
+        for key in ("first_token_step", "finish_step"):
+            np.testing.assert_array_equal(getattr(got, key)[served], res[key][served], err_msg=f"{name} {key}")
+        policy = job.get("hicache_write_policy", "write_through")
+        host_hits[policy] = host_hits.get(policy, 0) + int(res["host"][served].sum())
+    assert all(host_hits.get(p, 0) > 100 for p in ("write_through", "write_through_selective", "write_back")), \
         host_hits

@@ -163,6 +163,7 @@ def run_job(job: dict) -> None:
     info = {"host_tokens": int(host.size), "device_tokens": int(r.s.max_total_num_tokens),
             "host_pool": type(host).__name__, "controller": type(tree.cache_controller).__name__}
     np.savez(job["out"], cached=r.cached, device=r.device, host=r.host, rejected=r.rejected, steps=steps,
+             first_token_step=r.first, finish_step=r.finish,
              elapsed=time.perf_counter() - t0, info=np.array(json.dumps(info)))
 
 

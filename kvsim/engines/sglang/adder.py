@@ -77,27 +77,43 @@ class PrefillAdder:
         self._reserve(new_len, 0 if truncated else min(req.max_new, CLIP_MAX_NEW_TOKENS))
         return req if truncated else None
 
+    def _shape(self, req, extend: int):
+        """``_select_prefill_admission``: (extend, chunked, reserved new tokens), or why not."""
+        input_tokens = self.ceil_page(extend)
+        if self.rem_chunk is None and self.can_run and input_tokens >= self.rem_input:
+            return OTHER
+        reserve_new = min(req.max_new, CLIP_MAX_NEW_TOKENS)
+        if self.rem_chunk is not None:
+            first = rules.first_chunk(extend, self.rem_chunk, self.page) if self.rem_chunk > 0 else 0
+            if first <= 0:
+                return OTHER
+            if first < extend:
+                return first, True, 0
+        return extend, False, reserve_new
+
     def add_one_req(self, req) -> str:
-        """Admit a waiting request whole, as the new chunked request, or not at all (§4.3)."""
+        """Admit a waiting request whole, as the new chunked request, or not at all (§4.3).
+        With HiCache the host part of its match is loaded back first, whole or not at all
+        (``init_load_back``, docs/engines/offload.md §3.5)."""
         kv, p = req.kv, self.page
         max_new = max(req.max_new - req.out_count, 0)
         extend = req.seq_len - kv.prefix_len
         cache = self.cache
-        cache.lock(kv.last_node)       # a temporary pin: its prefix stops counting as evictable
+        pinned = kv.last_node
+        cache.lock(pinned)             # a temporary pin: its prefix stops counting as evictable
         try:
             if not rules.admits(extend, max_new, p, self.remaining_total):
                 return NO_TOKEN
-            input_tokens = self.ceil_page(extend)
-            if self.rem_chunk is None and self.can_run and input_tokens >= self.rem_input:
-                return OTHER
-            reserve_new = min(req.max_new, CLIP_MAX_NEW_TOKENS)
-            chunked = False
-            if self.rem_chunk is not None:
-                first = rules.first_chunk(extend, self.rem_chunk, p) if self.rem_chunk > 0 else 0
-                if first <= 0:
-                    return OTHER
-                if first < extend:
-                    extend, chunked, reserve_new = first, True, 0
+            shape = self._shape(req, extend - kv.host_hit)
+            if kv.host_hit and shape not in (NO_TOKEN, OTHER):
+                loaded = cache.load_back(kv)
+                if loaded < kv.host_hit:                  # nothing loaded: recomputation may not fit
+                    if not rules.admits(extend, max_new, p, self.remaining_total):
+                        return NO_TOKEN
+                    shape = self._shape(req, extend)
+            if shape in (NO_TOKEN, OTHER):
+                return shape
+            extend, chunked, reserve_new = shape
             kv.extend_end = kv.prefix_len + extend
             cache.lock(kv.last_node)
             self.can_run.append(req)
@@ -105,5 +121,5 @@ class PrefillAdder:
                 self.new_chunked_req = req
             self._reserve(extend, reserve_new)
         finally:
-            cache.unlock(kv.last_node)
+            cache.unlock(pinned)
         return self.budget_state()

@@ -108,6 +108,7 @@ class RadixCache:
         self.evicted_tokens = 0
         self.evicted_leaves = 0
         self.hicache = s.hicache is not None
+        self.pending_load = 0                   # HiCache: tokens loaded back since last asked (timed replays)
 
     # -- requests ------------------------------------------------------------------------
     def new_state(self, prompt: np.ndarray, outputs: np.ndarray, max_new: int, ns: Hashable = None,
@@ -190,6 +191,7 @@ class RadixCache:
         state.prefix_len, state.last_node = self.tree.match_prefix(state.tokens[:length], state.ns, limit)
         if self.hicache:    # the walk went on through host-only nodes (offload.md §3.5)
             state.best_node, state.host_hit = self.tree.last_best, self.tree.last_host_hit
+            state.cached_host = 0
         if state.prefix_len and state.row is not None:
             state.row[:state.prefix_len] = self.tree.path_value(state.last_node)[:state.prefix_len]
 
@@ -209,7 +211,12 @@ class RadixCache:
             tree.unlock(state.last_node)
             return False
         if state.host_hit:
-            extend -= self.load_back(state)
+            old = state.last_node
+            loaded = self.load_back(state)
+            if loaded:                  # the request's lock moves onto the loaded path
+                tree.unlock(old)
+                tree.lock(state.last_node)
+            extend -= loaded
         extend = rules.first_chunk(extend, self.settings.chunked_prefill_size, p)
         if extend <= 0:
             tree.unlock(state.last_node)
@@ -222,12 +229,11 @@ class RadixCache:
 
     def load_back(self, state: RequestState) -> int:
         """``init_load_back``: the host part of the match comes to the device whole, or not at
-        all (under 10 tokens, or no device room; offload.md §3.5); the lock moves onto it."""
+        all (under 10 tokens, or no device room; offload.md §3.5); ``last_node`` becomes its end."""
         tree = self.tree
         loaded = sum(len(x.key) for x in tree.load_back(state.best_node, lambda n: self.evict_to_free(n, state)))
+        self.pending_load += loaded
         if loaded:
-            tree.unlock(state.last_node)
-            tree.lock(state.best_node)
             state.last_node = state.best_node
             state.prefix_len += loaded
             state.protected = state.prefix_len

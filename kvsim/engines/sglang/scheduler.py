@@ -132,6 +132,15 @@ def scheduler_settings(options, overrides: dict, trace=None) -> tuple[SglangSche
     settings, note = sglang_settings(options, unlimited_tokens=tokens, **knobs)
     if "max_running_requests" not in overrides:
         note += f"; max_running_requests {settings.max_running_requests} from the pool size"
+    from kvsim.engines.offload import hicache_tier
+
+    hicache = hicache_tier(options, radix_max_total_tokens(options), p)
+    if hicache is not None:    # --offload hicache (kvsim.engines.sglang.hicache)
+        from dataclasses import asdict
+
+        from kvsim.engines.sglang.hicache import HiCacheSchedSettings
+
+        settings = HiCacheSchedSettings(**asdict(settings), hicache=hicache)
     return settings, note
 
 
@@ -201,7 +210,8 @@ class SglangEngine:
         self.prompts, self.outputs = prompts, outputs
         self.cache = make_cache(RadixSettings(page_size=s.page_size, capacity=s.capacity,
                                               eviction_policy=s.eviction_policy,
-                                              chunked_prefill_size=s.chunked_prefill_size if s.chunked_prefill_size > 0 else -1))
+                                              chunked_prefill_size=s.chunked_prefill_size if s.chunked_prefill_size > 0 else -1,
+                                              hicache=getattr(s, "hicache", None)))   # kvsim.engines.sglang.hicache
         # without prefix caching SGLang turns lpm and dfs-weight into fcfs
         policy = s.schedule_policy if s.enable_prefix_caching or s.schedule_policy not in CACHE_AWARE else "fcfs"
         self.policy = SchedulePolicy(policy, self.cache, s.random_seed)
