@@ -72,6 +72,9 @@ def simulate(
     mode = replay_mode(replay, arrival_from, step_seconds, arrivals, speedup, calibration, **scheduler)
     options = engine.sim_options(finish=finish, **offload)
     if fleet is not None:
+        if offload:
+            console.print("[dim]Offload: each replica has its own tier; the cached tokens include its hits, the "
+                          "per-tier figures are not broken out for fleets.[/]")
         simulate_fleet(logs, names, options, mode, fleet, json_out, per_request, html, warmup, calibration,
                        log_input)
         return
@@ -91,6 +94,7 @@ def simulate(
     runs = run_simulation(trace, names, options, progress=True)
     window = apply_warmup(runs, len(trace), warmup)
     render_simulation(console, trace, runs, options, calibration=calib)
+    tiers = _offload_sections(trace, {n: r for n, r in runs.items()}, options, calibration)
     console.print("[dim]Replay: sequential (one request at a time; --replay steps|timed for the engines' "
                   "schedulers under load).[/]")
     if window.active:
@@ -102,6 +106,8 @@ def simulate(
         data = {"mode": "sequential", **simulation_json(trace, runs, options, calibration=calib)}
         if window.active:
             data["warmup"] = window.as_dict(len(trace))
+        for name, tier in tiers.items():
+            data["policies"][name]["summary"]["offload"] = tier
         write_json(json_out, data)
         console.print(f"summary written to {json_out}")
     if per_request is not None:
@@ -114,6 +120,51 @@ def simulate(
         from kvsim.report import ReportOptions
 
         html_report(html, trace, logs, ReportOptions(sim=options, calibration=calib, warmup=window), runs=runs)
+
+
+def _offload_sections(trace, runs: dict, options, calibration) -> dict[str, dict]:
+    """Each policy's offload-tier summary, with loading against recomputing when the step cost is
+    known (--model and --gpu, or --calibration), printed (kvsim/render/offload.py); {} without --offload."""
+    from kvsim.drive.metrics import counted
+    from kvsim.engines import registry
+    from kvsim.render.offload import render_offload
+
+    out: dict[str, dict] = {}
+    for name, r in runs.items():
+        steps = getattr(r, "steps", None)        # a concurrent run, or a sequential ReplayResult
+        extra = steps.extra if steps is not None else r.extra
+        if "offload" not in extra:
+            continue
+        tier = extra["offload"]
+        tier = tier.snapshot() if hasattr(tier, "snapshot") else tier
+        served = ~(steps.rejected if steps is not None else r.rejected)
+        mask = served if steps is not None else served & counted(r)
+        summary = tier.summary(trace.prompt_lengths, mask)
+        cost = _step_cost(options, calibration)
+        if cost is not None:
+            summary["transfer"] = tier.transfer_costs(cost.seconds, mask)
+        timed = getattr(r, "timed", None)
+        if timed is not None and getattr(r, "untiered", None) is not None:
+            from kvsim.drive.concurrent import _timed_figures
+
+            summary["with_tier"], summary["without_tier"] = _timed_figures(timed), _timed_figures(r.untiered)
+        out[name] = summary
+        render_offload(console, registry.engine(name).label, summary)
+    return out
+
+
+def _step_cost(options, calibration):
+    """The step-cost model for load-against-recompute figures, or None when it is unknown."""
+    from kvsim.errors import ConfigError
+
+    if calibration is None and not (options.model and options.gpu):
+        return None
+    from kvsim.drive.step_cost import step_cost
+
+    try:
+        return step_cost(options.model, options.gpu, None if calibration is None else str(calibration))
+    except ConfigError:
+        return None
 
 
 def _check_settings(names: list[str], options) -> None:
@@ -160,11 +211,15 @@ def simulate_concurrent(logs: list[Path], names: list[str], options, mode, json_
     from kvsim.render.concurrent import render_concurrent
 
     render_concurrent(console, trace, runs, mode)
+    tiers = _offload_sections(trace, runs, options, mode.calibration)
     if json_out is not None:
         from kvsim.outputs import write_json
         from kvsim.drive.concurrent import concurrent_json
 
-        write_json(json_out, concurrent_json(trace, runs, options, mode))
+        data = concurrent_json(trace, runs, options, mode)
+        for name, tier in tiers.items():
+            data["policies"][name]["summary"]["offload"] = tier
+        write_json(json_out, data)
         console.print(f"summary written to {json_out}")
     if per_request is not None:
         from kvsim.outputs import write_jsonl

@@ -97,6 +97,7 @@ class ConcurrentRun:
     released: np.ndarray              # release step (steps) or second (timed) per request
     timed: TimedResult | None = None
     uncached: TimedResult | None = None   # the same load without prefix caching (timed)
+    untiered: TimedResult | None = None   # the same load without the offload tier (timed, --offload)
     cost: str | None = None           # the step-time model (timed)
     elapsed_s: float = 0.0
 
@@ -194,6 +195,8 @@ def run_concurrent(trace: Trace, policies: list[str], options: SimOptions, mode:
 
             r.timed = timed_result(result, line)
             r.uncached = timed_result(*replay(without_prefix_caching(settings), "without prefix caching"))
+            if hasattr(settings, "without_tier"):    # --offload: TTFT with and without the tier
+                r.untiered = timed_result(*replay(settings.without_tier(), "without the offload tier"))
             r.cost = cost.describe()
         r.elapsed_s = time.perf_counter() - t0
         runs[policy] = r
@@ -222,6 +225,10 @@ def concurrent_summary(r: ConcurrentRun, trace: Trace) -> dict[str, Any]:
         off = _timed_figures(r.uncached)
         out["without_prefix_caching"] = off
         out["saved"] = {k: off[k] - out[k] for k in off if k.endswith("_s") or k == "prefill_tokens_computed"}
+    if "offload" in s.extra:   # the tier's hits and transfers (kvsim.tiers.report)
+        out["offload"] = s.extra["offload"].summary(prompt, served)
+        if r.untiered is not None:
+            out["offload"]["without_tier"] = _timed_figures(r.untiered)
     return out
 
 
@@ -267,6 +274,11 @@ def concurrent_frame(r: ConcurrentRun, trace: Trace):
         cols.update(queueing_delay_s=t.queueing, ttft_s=t.ttft, e2e_s=t.e2e,
                     prefill_tokens_computed=np.where(s.rejected, 0, t.prefill_tokens),
                     ttft_without_prefix_caching_s=r.uncached.ttft)
+        if r.untiered is not None:
+            cols["ttft_without_offload_s"] = r.untiered.ttft
+    if "offload" in s.extra:   # cached tokens by tier (gpu, cpu, disk)
+        tier = s.extra["offload"].snapshot() if hasattr(s.extra["offload"], "snapshot") else s.extra["offload"]
+        cols["cached_by_tier"] = pd.Series([tier.cached_by_tier(i) for i in range(len(trace))], dtype=object)
     frame = pd.DataFrame(cols)
     for name, column in category_columns(trace).items():
         frame[name] = column

@@ -33,7 +33,9 @@ def make_engine(settings, prompts, outputs, priorities=None, loras=None, salts=N
 
 
 def without_prefix_caching(settings):
-    """The same engine with prefix caching off (the comparison run)."""
+    """The same engine with prefix caching off (the comparison run), and no offload tier."""
+    if hasattr(settings, "without_tier"):
+        settings = settings.without_tier()
     return dataclasses.replace(settings, enable_prefix_caching=False)
 
 

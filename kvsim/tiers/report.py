@@ -31,6 +31,7 @@ class TierRun:
     store_failures: dict[str, int]
     skipped_tokens: dict[str, int] = field(default_factory=dict)   # vLLM store_threshold
     bytes_per_token: int = 0                  # 0: no --model, bytes are not reported
+    link_bytes_per_s: dict[str, float] = field(default_factory=dict)   # tier -> its link to the GPU
 
     def tiers(self) -> list[str]:
         return [t for t in TIERS if t in self.by_tier]
@@ -65,3 +66,30 @@ class TierRun:
         return {"backend": self.backend, "description": self.description, "bytes_per_token": per or None,
                 "offloaded_hit_tokens": offloaded, "offloaded_hit_rate": offloaded / prompt if prompt else 0.0,
                 "tiers": tiers, "notes": notes}
+
+    def transfer_costs(self, recompute, counted: np.ndarray) -> dict[str, Any] | None:
+        """Loading against recomputing, per request over the counted ones: a load takes its bytes
+        over each tier's link; recomputing the same tokens after the GPU prefix takes
+        ``recompute(new_tokens, context)`` seconds (the roofline, or a calibration). None
+        without the bytes (no --model)."""
+        if not self.bytes_per_token or not self.link_bytes_per_s:
+            return None
+        gpu = np.asarray(self.by_tier["gpu"])
+        load = np.zeros(len(gpu))
+        loaded = np.zeros(len(gpu), np.int64)
+        for t in self.tiers():
+            if t != "gpu":
+                col = np.asarray(self.by_tier[t])
+                load += col * self.bytes_per_token / self.link_bytes_per_s[t]
+                loaded += col
+        idx = np.nonzero(np.asarray(counted, bool) & (loaded > 0))[0]
+        again = np.array([recompute([int(loaded[i])], [int(gpu[i])]) for i in idx])
+        worse = int((load[idx] > again).sum()) if len(idx) else 0
+        out = {"requests_loading": len(idx), "load_seconds": float(load[idx].sum()),
+               "recompute_seconds": float(again.sum()) if len(idx) else 0.0, "loads_slower_than_recompute": worse}
+        if len(idx) and out["load_seconds"] > out["recompute_seconds"]:
+            out["note"] = (f"loading from the tier takes {out['load_seconds']:.3g} s against {out['recompute_seconds']:.3g} s "
+                           "to recompute the same tokens: the loads cost more than recompute on this GPU and link")
+        elif worse:
+            out["note"] = f"{worse:,} of {len(idx):,} loads take longer than recomputing their tokens"
+        return out

@@ -108,8 +108,9 @@ class VllmTier:
             evicted = {names[t]: n * c for t, n in connector.evictions().items()}
             failures = {"cpu": k.store_failures}
             skipped = {}
+        links = {"cpu": self.link_bytes_per_s, "disk": self.disk_bytes_per_s}
         return TierRun(self.backend, self.describe(), self.capacity_tokens, {"gpu": gpu, **by_tier}, stored,
-                       loaded, evicted, failures, skipped, self.bytes_per_token)
+                       loaded, evicted, failures, skipped, self.bytes_per_token, links)
 
 
 class SequentialTier:

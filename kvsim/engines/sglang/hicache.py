@@ -99,4 +99,7 @@ class _LiveRun:
     def __getattr__(self, name: str):
         if name.startswith("_"):
             raise AttributeError(name)
-        return getattr(self._engine.tier_run(), name)
+        return getattr(self.snapshot(), name)
+
+    def snapshot(self):
+        return self._engine.tier_run()

@@ -499,4 +499,4 @@ def tier_run(tree: HiRadixTree, device: list[int], host: list[int]):
     return TierRun("hicache", s.describe(), {"cpu": s.host_tokens},
                    {"gpu": np.asarray(device, np.int64), "cpu": np.asarray(host, np.int64)},
                    {"cpu": c.backed_up}, {"cpu": c.loaded}, {"cpu": c.host_evicted}, {"cpu": c.failed_backups},
-                   bytes_per_token=s.bytes_per_token)
+                   bytes_per_token=s.bytes_per_token, link_bytes_per_s={"cpu": s.link_bytes_per_s})
