@@ -25,7 +25,7 @@ method of :class:`RadixCache` with the engine's name:
    one-higher priority, free the private tail, unlock (§3.3).
 
 With HiCache on (``settings.hicache``, docs/engines/offload.md §3) the tree is a
-:class:`~kvsim.engines.sglang.hitree.HiRadixTree`: step 2 also finds the host part of the
+:class:`~kvsim.engines.sglang.hicache.HiRadixTree`: step 2 also finds the host part of the
 match, step 3 loads it back (``init_load_back``), steps 5 and 7 back nodes up by the write
 policy, and every step starts by acknowledging the transfers in flight
 (``check_hicache_events``).
@@ -346,7 +346,7 @@ def make_cache(settings: RadixSettings, fast: bool = False) -> RadixCache:
     (a :class:`LazyHeapTree` over counts): the same decisions either way."""
     s = settings
     if s.hicache is not None:   # HiCache: the readable tree with host copies, over slot ids (both implementations)
-        from kvsim.engines.sglang.hitree import HiRadixTree
+        from kvsim.engines.sglang.hicache import HiRadixTree
 
         pool = PageAllocator(s.capacity, s.page_size)
         return RadixCache(s, HiRadixTree(s.page_size, s.eviction_policy, s.tree, s.policy_config, s.hicache, pool),

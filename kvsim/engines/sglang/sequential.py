@@ -113,7 +113,7 @@ class _RadixSequential(SequentialCache):
         """HiCache's per-request split and counters (None without HiCache)."""
         if not self.cache.hicache:
             return None
-        from kvsim.engines.sglang.hitree import tier_run
+        from kvsim.engines.sglang.hicache import tier_run
 
         device, host = zip(*self._split) if self._split else ((), ())
         return tier_run(self.tree, list(device), list(host))
