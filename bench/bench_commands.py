@@ -322,8 +322,9 @@ def bench_first_run(files: dict, runs: int, venv: Path) -> dict:
         subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(src)], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         print(f"  pip install . into {venv}: {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NUMBA_CACHE_DIR", "KVSIM_CACHE_DIR")}
     site = subprocess.run([str(venv / "bin" / "python"), "-c", "import kvsim; print(kvsim.__file__)"],
-                          check=True, capture_output=True, text=True, cwd=files["dir"]).stdout.strip()
+                          check=True, capture_output=True, text=True, cwd=files["dir"], env=clean).stdout.strip()
     if not site.startswith(str(venv)):
         raise RuntimeError(f"{venv} imports kvsim from {site}, not from its own site-packages")
     out = {"kvsim_module": site}
@@ -334,7 +335,7 @@ def bench_first_run(files: dict, runs: int, venv: Path) -> dict:
         firsts, seconds, notes = [], [], []
         for _ in range(runs):
             home = Path(tempfile.mkdtemp(prefix="kvsim-fresh-home-"))
-            env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "KVSIM_CACHE_DIR")}
+            env = dict(clean)
             env.update(XDG_CACHE_HOME=str(home / "cache"), HOME=str(home), TIKTOKEN_CACHE_DIR=str(home / "tiktoken"))
             try:
                 t = time.perf_counter()
