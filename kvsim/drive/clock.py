@@ -53,6 +53,23 @@ class Releases:
     after: np.ndarray | None = None
     gap: np.ndarray | None = None
 
+    def queue(self) -> tuple[list, dict[int, list[int]], list]:
+        """(the heap of ``(when, i)`` released by the log, each request's followers by the request
+        they wait for, each request's gap): what a clock starts from."""
+        n = len(self.at)
+        at = self.at.tolist()
+        after = self.after.tolist() if self.after is not None else [-1] * n
+        gap = self.gap.tolist() if self.gap is not None else [0] * n
+        followers: dict[int, list[int]] = {}
+        pending: list = []
+        for i in range(n):
+            if after[i] >= 0:
+                followers.setdefault(after[i], []).append(i)
+            else:
+                pending.append((at[i], i))
+        heapq.heapify(pending)
+        return pending, followers, gap
+
     @classmethod
     def logged(cls, at) -> Releases:
         return cls(np.asarray(at))
@@ -107,17 +124,7 @@ def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> 
     """
     n = len(releases.at)
     result = engine.result
-    at = releases.at.tolist()
-    after = releases.after.tolist() if releases.after is not None else [-1] * n
-    gap = releases.gap.tolist() if releases.gap is not None else [0] * n
-    followers: dict[int, list[int]] = {}
-    pending: list = []
-    for i in range(n):
-        if after[i] >= 0:
-            followers.setdefault(after[i], []).append(i)
-        else:
-            pending.append((at[i], i))
-    heapq.heapify(pending)
+    pending, followers, gap = releases.queue()
     timed = cost is not None
     line = Timeline()
     released = np.full(n, np.nan) if timed else np.full(n, -1, np.int64)

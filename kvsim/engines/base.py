@@ -213,3 +213,27 @@ class StepResult:
     def empty(cls, engine: str, n: int) -> StepResult:
         return cls(engine, np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.full(n, -1, np.int64),
                    np.zeros(n, np.int64), np.zeros(n, bool), np.zeros(n, np.int64))
+
+
+class EventReplica:
+    """One replica of a sequential fleet whose cache records KV events for an event-fed router:
+    ``serve_at`` one request, then ``drain()`` the blocks it stored and removed. Each engine's
+    ``events.py`` subclasses it with how its model is built and serves."""
+
+    implementation = "fast"        # which sequential implementation it replays (the report says it)
+
+    def __init__(self, cache, settings, drain: Callable[[], list]) -> None:
+        self.cache = cache
+        self.settings = settings
+        self.drain = drain
+
+    def serve_at(self, work: "Workload", i: int) -> Served:
+        return self.cache.serve_at(work, i)
+
+    @property
+    def peak_used_tokens(self) -> int:
+        return self.cache.peak_used_tokens
+
+    def report_cache(self):
+        """What the engine's ``replay_report`` reads."""
+        return self.cache

@@ -80,17 +80,7 @@ def run_fleet(engines: Sequence, router: Router, requests: RouteRequests, releas
         e.result = result               # every replica writes its requests' rows
     timed = cost is not None
     unit = 1.0 if step_seconds is None else float(step_seconds)
-    at = releases.at.tolist()
-    after = releases.after.tolist() if releases.after is not None else [-1] * n
-    gap = releases.gap.tolist() if releases.gap is not None else [0] * n
-    followers: dict[int, list[int]] = {}
-    pending: list = []
-    for i in range(n):
-        if after[i] >= 0:
-            followers.setdefault(after[i], []).append(i)
-        else:
-            pending.append((at[i], i))
-    heapq.heapify(pending)
+    pending, followers, gap = releases.queue()
     local: list[list] = [[] for _ in range(N)]      # per replica: routed, not yet taken (when, i)
     clock: list = [0.0 if timed else 0] * N
     steps = [0] * N

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from kvsim.engines.base import EventReplica
 from kvsim.engines.sglang.request import RadixCache
 from kvsim.engines.sglang.tree import Node
 
@@ -103,26 +104,12 @@ def record(obj: Any) -> Callable[[], list[tuple]]:
     return drain
 
 
-class _EventSequential:
+class _EventSequential(EventReplica):
     """One replica of a sequential fleet: the fast sequential cache with its tree recording."""
 
-    implementation = "fast"
-
     def __init__(self, model_class: type, settings) -> None:
-        self.cache = model_class(settings)
-        self.settings = settings
-        self.drain = record(self.cache.cache)
-
-    def serve_at(self, work, i: int):
-        return self.cache.serve_at(work, i)
-
-    @property
-    def peak_used_tokens(self) -> int:
-        return self.cache.peak_used_tokens
-
-    def report_cache(self):
-        """What the engine's ``replay_report`` reads (``tree``)."""
-        return self.cache
+        cache = model_class(settings)
+        super().__init__(cache, settings, record(cache.cache))
 
 
 def sequential(spec, settings) -> _EventSequential:

@@ -304,18 +304,7 @@ class HiRadixTree(RadixTree):
             self._touched(child)
             node = child
         if off < k_len:
-            leaf = self._new_node(priority)
-            leaf.parent, leaf.ns = node, ns
-            leaf.key = tokens[off:k_len]
-            leaf.value = value[off:k_len]
-            node.children[self._child_key(node, tokens, off, ns)] = leaf
-            self.evictable_size += k_len - off
-            depth = node.tlru_cached_prefix_len + k_len - off
-            leaf.tlru_cached_prefix_len = leaf.tlru_history_len = depth
-            x = node
-            while x is not None and x.tlru_history_len < depth:
-                x.tlru_history_len = depth
-                x = x.parent
+            leaf = self._attach_leaf(node, tokens, value, off, k_len, ns, priority, depths=True)
             self._update_leaf(leaf)
             self._update_leaf(node)
             if k_len > inserted_len:

@@ -224,26 +224,32 @@ class RadixTree:
             self._touched(child)
             node = child
         if off < k_len:
-            leaf = self._new_node(priority)
-            leaf.parent, leaf.ns = node, ns
-            leaf.key = tokens[off:k_len]
-            if value is not None:
-                leaf.value = value[off:k_len]
-            node.children[self._child_key(node, tokens, off, ns)] = leaf
+            leaf = self._attach_leaf(node, tokens, value, off, k_len, ns, priority, depths=not classic)
             if k_len > inserted_len:
                 leaf.hit_count = 1
-            self.evictable_size += k_len - off
-            if not classic:   # T-LRU: the new leaf's depth raises its ancestors' history length
-                depth = node.tlru_cached_prefix_len + k_len - off
-                leaf.tlru_cached_prefix_len = leaf.tlru_history_len = depth
-                x = node
-                while x is not None and x.tlru_history_len < depth:
-                    x.tlru_history_len = depth
-                    x = x.parent
             self._update_leaf(node)
             self._update_leaf(leaf)
             return off, leaf
         return off, node
+
+    def _attach_leaf(self, node: Node, tokens: np.ndarray, value: np.ndarray | None, off: int, k_len: int,
+                     ns: Hashable, priority: int, depths: bool) -> Node:
+        """A new leaf under ``node`` holding ``tokens[off:k_len]`` (and their slots), evictable."""
+        leaf = self._new_node(priority)
+        leaf.parent, leaf.ns = node, ns
+        leaf.key = tokens[off:k_len]
+        if value is not None:
+            leaf.value = value[off:k_len]
+        node.children[self._child_key(node, tokens, off, ns)] = leaf
+        self.evictable_size += k_len - off
+        if depths:   # T-LRU: the new leaf's depth raises its ancestors' history length
+            depth = node.tlru_cached_prefix_len + k_len - off
+            leaf.tlru_cached_prefix_len = leaf.tlru_history_len = depth
+            x = node
+            while x is not None and x.tlru_history_len < depth:
+                x.tlru_history_len = depth
+                x = x.parent
+        return leaf
 
     # -- locks (§4) ----------------------------------------------------------------
     def lock(self, node: Node) -> None:

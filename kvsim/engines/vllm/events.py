@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from kvsim.engines.base import Served, Workload
+from kvsim.engines.base import EventReplica, Served, Workload
 from kvsim.engines.vllm.manager import KVCacheManager
 
 #: blocks an unlimited pool starts with; it grows whenever a request could evict
@@ -88,7 +88,7 @@ def record(obj: Any) -> Callable[[], list[tuple]]:
     return drain
 
 
-class _EventSequential:
+class _EventSequential(EventReplica):
     """One replica of a sequential fleet: the reference model serving one request at a time."""
 
     implementation = "reference"
@@ -96,50 +96,17 @@ class _EventSequential:
     def __init__(self, model_class: type, settings) -> None:
         self.unlimited = settings.num_gpu_blocks is None
         blocks = INITIAL_UNLIMITED_BLOCKS if self.unlimited else settings.num_gpu_blocks
-        self.cache = model_class(dataclasses.replace(settings, num_gpu_blocks=blocks))
-        self.settings = settings
-        self.drain = record(self.cache)
+        cache = model_class(dataclasses.replace(settings, num_gpu_blocks=blocks))
+        super().__init__(cache, settings, record(cache))
 
     def serve_at(self, work: Workload, i: int) -> Served:
         """``APCReference.serve`` with the decode steps in one call (the same pool, §4)."""
         cache = self.cache
         req = work.request(i)
-        L, M = len(req.prompt), max(len(req.output), 1)
         if self.unlimited:
-            self._ensure_no_eviction(cache.blocks_needed(req))
-        if getattr(cache, "tier", None) is not None:
-            return cache.serve(req)      # an offload tier under the pool: its own life, step by step
-        if not cache.fits_ever(req):
-            return Served(0, True, 0, 0, M, 0)
-        before = cache.pool.num_evicted
-        admission = cache.admit(req)
-        assert admission is not None, "a request that fits an idle cache was refused"
-        cache.decode_rest(req)
-        cache.peak_in_use_blocks = max(cache.peak_in_use_blocks, cache.blocks_needed(req))
-        cache.finish(req)
-        evicted = cache.pool.num_evicted - before
-        return Served(admission.cached_tokens, False, evicted * cache.page_size, evicted, M,
-                      L - admission.cached_tokens)
-
-    def _ensure_no_eviction(self, need: int) -> None:
-        """An unlimited pool grows (fresh blocks at the head) before a request could evict
-        (as ``kvsim serve``'s: which block ids are used differs, which prefixes are cached does not)."""
-        pool = self.cache.pool
-        head = []
-        for block_id in pool.free_queue:
-            if len(head) == need:
-                break
-            head.append(block_id)
-        if len(head) < need or any(pool.blocks[b].block_hash is not None for b in head):
-            pool.add_free_blocks(max(need, pool.num_blocks))
-
-    @property
-    def peak_used_tokens(self) -> int:
-        return self.cache.peak_used_tokens
-
-    def report_cache(self):
-        """What the engine's ``replay_report`` reads (``peak_in_use_blocks``)."""
-        return self.cache
+            cache.pool.grow_before_evicting(cache.blocks_needed(req))
+        # an offload tier under the pool: its own life, step by step
+        return cache.serve(req, step_by_step=getattr(cache, "tier", None) is not None)
 
 
 def sequential(spec, settings) -> _EventSequential:

@@ -269,6 +269,19 @@ class BlockPool:
         self.num_blocks += n
         self._num_empty += n  # fresh blocks hold no cached KV
 
+    def grow_before_evicting(self, need: int) -> None:
+        """Unlimited capacity when a pool cannot be sized up front (a server, an event-fed fleet
+        replay): grow by fresh blocks at the queue head whenever one of the ``need`` blocks a
+        request may pop would hold a cached hash. Which block ids are used differs from a pool
+        sized for the whole log; which prefixes are cached, and so every hit, does not."""
+        head = []
+        for block_id in self.free_queue:
+            if len(head) == need:
+                break
+            head.append(block_id)
+        if len(head) < need or any(self.blocks[b].block_hash is not None for b in head):
+            self.add_free_blocks(max(need, self.num_blocks))
+
     def reset_prefix_cache(self) -> bool:
         """Forget every hash, only when no block is in use; queue order is kept (§3.6)."""
         if self.num_free_blocks != self.num_blocks - 1:

@@ -167,9 +167,10 @@ class APCReference(PrefixCache):
         return None if seq is None else np.array(self.manager.block_ids(seq), np.int64)
 
     # -- SequentialCache ---------------------------------------------------------------
-    def serve(self, req: Request) -> Served:
+    def serve(self, req: Request, step_by_step: bool = True) -> Served:
         """Admit, decode to the output length, free. A request that can never fit is
-        rejected and leaves the cache untouched (§1 note)."""
+        rejected and leaves the cache untouched (§1 note). ``step_by_step=False`` makes the
+        decode steps one manager call (:meth:`decode_rest`: the same final pool)."""
         L, M = len(req.prompt), max(len(req.output), 1)
         if not self.fits_ever(req):
             if self.tier is not None:
@@ -178,8 +179,11 @@ class APCReference(PrefixCache):
         before = self.pool.num_evicted
         admission = self.admit(req)
         assert admission is not None, "a request that fits an idle cache was refused"
-        for _ in range(len(req.output) - 1):
-            self.decode(req)
+        if step_by_step:
+            for _ in range(len(req.output) - 1):
+                self.decode(req)
+        else:
+            self.decode_rest(req)
         self.peak_in_use_blocks = max(self.peak_in_use_blocks, self.blocks_needed(req))
         cached = admission.cached_tokens
         if self.tier is not None:   # the connector's calls for this request (offload.md §4)

@@ -45,37 +45,11 @@ class ApcServeEngine(ServeEngine):
         req = Request(request_id, np.asarray(prompt, np.int64), np.asarray(output, np.int64), lora=lora,
                       cache_salt=cache_salt, prompt_logprobs=prompt_logprobs)
         if self._unlimited:
-            self._ensure_no_eviction(cache.blocks_needed(req))
-        if not cache.fits_ever(req):  # docs/engines/apc.md §1 note: never schedulable
+            cache.pool.grow_before_evicting(cache.blocks_needed(req))
+        served = cache.serve(req, step_by_step=self._step_by_step)
+        if served.rejected:           # docs/engines/apc.md §1 note: never schedulable
             return Served(0, 0, True, 0, 0)
-        before = cache.pool.num_evicted
-        admission = cache.admit(req)
-        assert admission is not None, "a request that fits an idle cache was refused"
-        if self._step_by_step:
-            for _ in range(len(req.output) - 1):
-                cache.decode(req)
-        else:
-            cache.decode_rest(req)   # the same final pool, without a Python step per token
-        cache.finish(req)
-        evicted = (cache.pool.num_evicted - before) * cache.page_size
-        return Served(admission.cached_tokens, len(req.output), False, evicted,
-                      len(req.prompt) - admission.cached_tokens)
-
-    def _ensure_no_eviction(self, need: int) -> None:
-        """Unlimited capacity, as ``simulate`` models it: a pool so large that nothing is ever
-        evicted. ``simulate`` sizes it for the whole trace up front; a server cannot, so the
-        pool grows (fresh blocks at the head of the free queue) whenever one of the ``need``
-        blocks a request may pop would hold a cached hash. Which block ids are used differs
-        from ``simulate``; which prefixes are cached, and so every hit, does not."""
-        pool = self.cache.pool
-        head = []
-        for block_id in pool.free_queue:
-            if len(head) == need:
-                break
-            head.append(block_id)
-        if len(head) == need and all(pool.blocks[b].block_hash is None for b in head):
-            return
-        pool.add_free_blocks(max(need, pool.num_blocks))
+        return Served(served.cached_tokens, len(req.output), False, served.evicted_tokens, served.extend_tokens)
 
     def reset(self) -> bool:
         return self.cache.manager.reset_prefix_cache()
