@@ -68,7 +68,8 @@ def smg_runs():
     if SMG is None:
         pytest.skip(SMG_WHY)
     jobs = [router_smg_script.sequential(200 + s) for s in range(3)] + \
-           [router_smg_script.loaded(300 + s) for s in range(2)]
+           [router_smg_script.loaded(300 + s) for s in range(2)] + \
+           [router_smg_script.hot(500 + s) for s in range(2)]
     results = run_driver("router_smg_driver.py", [router_smg_script.for_driver(j) for j in jobs], SMG,
                          timeout=240)
     return list(zip(jobs, results))
@@ -76,15 +77,19 @@ def smg_runs():
 
 def test_smg_follows_prefix_owners_above_the_threshold(smg_runs):
     """smg 1.13.0 over HTTP: every request matched above cache_threshold in kvsim's token tree went
-    to a holder of the matched node in the real gateway, and left the holders exactly where kvsim's
-    spill gate fires; one at a time and with requests held open."""
-    totals = {"affinity": 0, "miss": 0, "shared_node": 0, "owner_loaded": 0, "spill": 0}
+    to a holder of the matched node in the real gateway, kept there wherever the spill gate holds
+    under both of its readings; one at a time, with requests held open, and with one hot prefix
+    piling up on its owner (docs/engines/routers.md §2.4 item 1: the gate's band is not settled)."""
+    totals = {"affinity": 0, "miss": 0, "shared_node": 0, "owner_loaded": 0, "spill": 0, "band": 0,
+              "band_spilled": 0}
     for job, result in smg_runs:
         for k, v in router_smg_script.check(job, result).items():
             totals[k] += v
-    # the runs reach the branches: affinity, misses, nodes held by several workers, a loaded owner kept
+    # the runs reach the branches: affinity, misses, nodes held by several workers, a loaded owner
+    # kept, and the gate's band, where the real gateway both spilled and kept
     assert totals["affinity"] > 60 and totals["miss"] > 20, totals
-    assert totals["shared_node"] > 2 and totals["owner_loaded"] > 10 and totals["spill"] >= 2, totals
+    assert totals["shared_node"] > 2 and totals["owner_loaded"] > 10, totals
+    assert totals["band"] >= 10 and 1 <= totals["band_spilled"] < totals["band"], totals
 
 
 @pytest.fixture(scope="module")

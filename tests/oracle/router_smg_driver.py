@@ -109,6 +109,15 @@ class Fleet:
         self.workers = [Worker(k, self) for k in range(job["workers"])]
         for w in self.workers:
             threading.Thread(target=w.serve_forever, daemon=True).start()
+        for attempt in range(3):        # a port picked free can be taken before the gateway binds it
+            try:
+                self._launch(job, venv)
+                return
+            except RuntimeError:
+                if attempt == 2:
+                    raise
+
+    def _launch(self, job: dict, venv: Path) -> None:
         self.port, metrics = free_port(), free_port()
         module = "smg" if job["package"] == "smg" else "sglang_router.launch_router"
         cmd = [sys.executable, "-m", module, *(["launch"] if job["package"] == "smg" else []),
