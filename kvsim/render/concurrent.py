@@ -7,6 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from kvsim.render.cells import cell
+
 from kvsim.io.trace.columns import Trace
 from kvsim.drive.concurrent import ConcurrentRun, ReplayMode, concurrent_summary
 from kvsim.engines import registry
@@ -56,7 +58,7 @@ def render_concurrent(console: Console, trace: Trace, runs: dict[str, Concurrent
         table.add_column(registry.engine(name).scheduler_label(), justify="right")
     rows = ROWS + (TIMED_ROWS if mode.mode == "timed" else [])
     for key, label, pattern in rows:
-        table.add_row(label, *[_fmt(s.get(key), pattern) for s in summaries.values()])
+        table.add_row(label, *[cell(s.get(key), pattern) for s in summaries.values()])
     console.print(table)
     if mode.mode == "timed":
         _render_saving(console, summaries)
@@ -80,19 +82,10 @@ def _render_saving(console: Console, summaries: dict[str, dict[str, Any]]) -> No
         cells = []
         for s in summaries.values():
             off = s["without_prefix_caching"][key]
-            cells += [_fmt(s[key], pattern), _fmt(off, pattern), _fmt(off - s[key], pattern)]
+            cells += [cell(s[key], pattern), cell(off, pattern), cell(off - s[key], pattern)]
         t.add_row(label, *cells)
     console.print(t)
 
 
 def _settings_line(r: ConcurrentRun) -> str:
     return r.settings.describe()
-
-
-def _fmt(value: Any, pattern: str) -> str:
-    if value is None:
-        return "-"
-    try:
-        return pattern.format(value)
-    except (ValueError, TypeError):
-        return str(value)

@@ -11,6 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from kvsim.render.cells import cell
+
 #: per-replica columns: (key, heading, format)
 REPLICA_COLUMNS = [
     ("requests", "reqs", "{:,}"),
@@ -26,17 +28,6 @@ REPLICA_COLUMNS = [
 #: what the short headings mean, said under the table
 LEGEND = {"hit": "delivered hit rate", "bound": "routed bound", "run": "peak running", "wait": "peak waiting",
           "p50 s": "TTFT percentiles"}
-
-
-def _fmt(value: Any, pattern: str) -> str:
-    if value is None:
-        return "-"
-    try:
-        if isinstance(value, float) and value != value:
-            return "-"
-        return pattern.format(value)
-    except (ValueError, TypeError):
-        return str(value)
 
 
 def verdict(f: dict[str, Any]) -> str:
@@ -71,7 +62,7 @@ def render_fleet(console: Console, name: str, label: str, f: dict[str, Any]) -> 
     for _, heading, _ in columns:
         table.add_column(heading, justify="right")
     for row in per:
-        table.add_row(str(row["replica"]), *[_fmt(row.get(key), pattern) for key, _, pattern in columns])
+        table.add_row(str(row["replica"]), *[cell(row.get(key), pattern) for key, _, pattern in columns])
     console.print(table)
     legend = "; ".join(f"{h}: {LEGEND[h]}" for _, h, _ in columns if h in LEGEND)
     imb = f["load_imbalance"]
@@ -109,7 +100,7 @@ def render_fleet_sweep(console: Console, frame) -> None:
         for key, heading, _ in columns:
             table.add_column(heading, no_wrap=True, justify="left" if key == "router" else "right")
         for row in members:
-            table.add_row(*[_fmt(row.get(key), pattern) for key, _, pattern in columns])
+            table.add_row(*[cell(row.get(key), pattern) for key, _, pattern in columns])
         console.print(table)
     legend = {"N": "replicas", "deliv": "delivered (sequential)", "load": "delivered under load",
               "p90 s": "TTFT p90 under load", "gap": "the larger loss (sequential), routing or memory"}

@@ -11,6 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from kvsim.render.cells import cell
+
 ROWS = [
     ("capacity_tokens", "capacity (tokens)", "{:,}"),
     ("hit_tokens", "cached tokens from it", "{:,}"),
@@ -27,15 +29,6 @@ ROWS = [
 NAMES = {"gpu": "GPU", "cpu": "CPU", "disk": "disk"}
 
 
-def _fmt(value: Any, pattern: str) -> str:
-    if value is None:
-        return "-"
-    try:
-        return pattern.format(value)
-    except (ValueError, TypeError):
-        return str(value)
-
-
 def render_offload(console: Console, label: str, o: dict[str, Any]) -> None:
     """One policy's tier section: per tier hits and transfers, the verdicts, timed TTFT without the tier."""
     console.print(f"[bold]Offload tier ({label}):[/] {o['description']}.")
@@ -46,7 +39,7 @@ def render_offload(console: Console, label: str, o: dict[str, Any]) -> None:
         table.add_column(NAMES.get(t, t), justify="right")
     for key, heading, pattern in ROWS:
         if any(key in row for row in tiers.values()):
-            table.add_row(heading, *[_fmt(row.get(key), pattern) for row in tiers.values()])
+            table.add_row(heading, *[cell(row.get(key), pattern) for row in tiers.values()])
     console.print(table)
     console.print(f"  {o['offloaded_hit_rate']:.2%} of the prompt tokens came from the tier "
                   f"({o['offloaded_hit_tokens']:,} tokens).")

@@ -7,6 +7,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from kvsim.render.cells import cell
+
 from kvsim.io.trace.columns import Trace
 from kvsim.drive.metrics import breakdowns, summarize
 from kvsim.engines.options import SimOptions
@@ -36,12 +38,7 @@ ROWS = [
 
 
 def _fmt(value: Any, pattern: str) -> str:
-    if value is None:
-        return "unlimited" if pattern == "{:,}" else "-"
-    try:
-        return pattern.format(value)
-    except (ValueError, TypeError):
-        return str(value)
+    return cell(value, pattern, "unlimited" if pattern == "{:,}" else "-")
 
 
 def render_simulation(console: Console, trace: Trace, runs: dict[str, ReplayResult], options: SimOptions,

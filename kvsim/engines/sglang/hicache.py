@@ -367,27 +367,9 @@ class HiRadixTree(RadixTree):
         return new
 
     # -- 4. eviction (offload.md §3.4) ---------------------------------------------------------
-    def evict(self, num_tokens: int) -> tuple[int, int, list[np.ndarray]]:
-        """Free ``num_tokens`` device tokens, device leaves lowest key first: demote, delete or
-        (``write_back``) back up then demote. Returns (device tokens freed, leaves, their slots)."""
-        heap = [(self._heap_key(n), n) for n in self.evictable_leaves]
-        heapq.heapify(heap)
-        freed, leaves, values = 0, 0, []
-        while freed < num_tokens and heap:
-            _, x = heapq.heappop(heap)
-            if x not in self.evictable_leaves:
-                continue
-            parent = x.parent
-            values.append(x.value)
-            freed += len(x.key)
-            leaves += 1
-            self._evict_device_leaf(x)
-            if parent in self.evictable_leaves:
-                heapq.heappush(heap, (self._heap_key(parent), parent))
-        return freed, leaves, values
-
-    def _evict_device_leaf(self, x: HiNode) -> None:
-        """``evict_device_leaf``: demote a backed-up leaf, delete an unbacked one (write_back:
+    def _evict_leaf(self, x: HiNode) -> None:
+        """``evict`` frees device leaves lowest key first (offload.md §3.4), each through
+        ``evict_device_leaf``: demote a backed-up leaf, delete an unbacked one (write_back:
         back it up first; if the host has no room, drop it)."""
         if not x.host and self.write_back and self._backup(x):
             self._track_duplicate(x)              # the synchronous ack: briefly a duplicate

@@ -326,15 +326,19 @@ class RadixTree:
             _, x = heapq.heappop(heap)
             if x not in self.evictable_leaves:
                 continue
+            parent = x.parent
             values.append(x.value)
             freed += len(x.key)
             leaves += 1
-            self.evictable_leaves.discard(x)
-            parent = self._remove_leaf(x)
-            self._update_leaf(parent)
+            self._evict_leaf(x)
             if parent in self.evictable_leaves:
                 heapq.heappush(heap, (self._heap_key(parent), parent))
         return freed, leaves, values
+
+    def _evict_leaf(self, x: Node) -> None:
+        """Drop one evictable leaf from the tree (HiCache overrides: demote or delete)."""
+        self.evictable_leaves.discard(x)
+        self._update_leaf(self._remove_leaf(x))
 
     # -- inspection ----------------------------------------------------------------
     def nodes(self) -> Iterator[tuple[Node, int]]:
