@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -114,6 +114,24 @@ class Reader(ABC):
     def read(self, src: Source, ctx: LoadContext) -> None:
         """Read the file and add its requests to ``ctx.builder``."""
 
+    @staticmethod
+    def parsed(src: Source, ctx: LoadContext, parse: Callable[[dict, int], Any],
+               until_full: bool = True) -> Iterator[tuple[int, Any]]:
+        """(line, ``parse(record, line)``) for each usable record of ``src``: unreadable lines
+        and records ``parse`` rejects (BadRecord) go to ``ctx.bad``; stops at --limit."""
+        for line, rec in src.records():
+            if until_full and ctx.full():
+                break
+            if isinstance(rec, InputError):
+                ctx.bad(rec)
+                continue
+            try:
+                value = parse(require_object(rec), line)
+            except BadRecord as e:
+                ctx.bad(InputError(src.path, str(e), line))
+                continue
+            yield line, value
+
 
 #: the first batches are smaller (halved this many times, then less and less), so that
 #: tokenization starts soon after reading does
@@ -133,17 +151,7 @@ class JsonRequestReader(Reader):
     def read(self, src: Source, ctx: LoadContext) -> None:
         batch: list[PendingRequest] = []
         weight = 0
-        for line, rec in src.records():
-            if ctx.full():
-                break
-            if isinstance(rec, InputError):
-                ctx.bad(rec)
-                continue
-            try:
-                reqs = self.requests(require_object(rec), line, src, ctx)
-            except BadRecord as e:
-                ctx.bad(InputError(src.path, str(e), line))
-                continue
+        for _, reqs in self.parsed(src, ctx, lambda rec, line: self.requests(rec, line, src, ctx)):
             batch, weight = self._take(reqs, batch, weight, ctx)
         if batch:
             self._flush(batch, ctx, last=True)

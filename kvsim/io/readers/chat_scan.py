@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kvsim.io.readers.token_scan import (BLANK, DECLINED, FAST, _is_key, _skip_string, _skip_value, _word, _ws,
+from kvsim.io.readers.token_scan import (BLANK, DECLINED, FAST, _after_member, _is_key, _skip_string, _skip_value, _word, _ws,
                                   as_words, line_bounds)
 from kvsim.kernels.table import grow_table, new_table, probe
 
@@ -167,16 +167,11 @@ def _scan_line(buf, words, start, end, elems, epos, span):
             i = _skip_value(buf, words, i, end)
             if i < 0:
                 return DECLINED, e0
-        i = _ws(buf, i, end)
-        if i >= end:
+        state, i = _after_member(buf, i, end)
+        if state < 0:
             return DECLINED, e0
-        if buf[i] == _COMMA:
-            i = _ws(buf, i + 1, end)
-            continue
-        if buf[i] == _RBRACE:
-            i = _ws(buf, i + 1, end)
+        if state == 0:
             break
-        return DECLINED, e0
     if i != end or span[0] < 0:
         return DECLINED, e0
     return FAST, epos

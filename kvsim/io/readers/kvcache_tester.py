@@ -22,6 +22,15 @@ from kvsim.io.source import Source
 from kvsim.io.trace.columns import NONE
 
 
+def _block_size(doc: dict) -> int:
+    """A document's block size (its requests must be a list)."""
+    B = length(doc.get("block_size"), "block_size", positive=True)
+    reqs = doc.get("requests")
+    if not isinstance(reqs, list):
+        raise BadRecord("requests must be a list" if reqs is not None else "missing requests")
+    return B
+
+
 class KvcacheTesterReader(Reader):
     name = "kvcache-tester"
 
@@ -31,19 +40,7 @@ class KvcacheTesterReader(Reader):
 
     def read(self, src: Source, ctx: LoadContext) -> None:
         subagents = bool(ctx.options.get("subagents", False))
-        for line, doc in src.records():
-            if isinstance(doc, InputError):
-                ctx.bad(doc)
-                continue
-            try:
-                doc = require_object(doc)
-                B = length(doc.get("block_size"), "block_size", positive=True)
-                reqs = doc.get("requests")
-                if not isinstance(reqs, list):
-                    raise BadRecord("requests must be a list" if reqs is not None else "missing requests")
-            except BadRecord as e:
-                ctx.bad(InputError(src.path, str(e), line))
-                continue
+        for line, (doc, B) in self.parsed(src, ctx, lambda doc, line: (doc, _block_size(doc)), until_full=False):
             self._read_doc(doc, B, src, line, ctx, subagents)
 
     def _read_doc(self, doc: dict, B: int, src: Source, line: int, ctx: LoadContext, subagents: bool) -> None:

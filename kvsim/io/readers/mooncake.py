@@ -12,9 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.errors import InputError
 from kvsim.io.trace.builder import OUT_LOGGED, Part
-from kvsim.io.fields import BadRecord, kind, length, require_object, timestamp
+from kvsim.io.fields import BadRecord, kind, length, timestamp
 from kvsim.io.hashids import HashIdPrompts
 from kvsim.io.readers.base import LoadContext, Reader
 from kvsim.io.source import Source
@@ -33,6 +32,18 @@ def hash_id_list(value: Any, name: str = "hash_ids") -> list[int]:
     return value
 
 
+def _fields(rec: dict, B: int) -> tuple[int, int, list[int], float]:
+    """A Mooncake record's input and output lengths, hash ids and timestamp (ms)."""
+    n_in = length(rec.get("input_length"), "input_length", positive=True)
+    n_out = length(rec.get("output_length"), "output_length")
+    h = hash_id_list(rec.get("hash_ids"))
+    want = math.ceil(n_in / B)
+    if len(h) != want:
+        raise BadRecord(f"{len(h)} hash_ids for input_length {n_in}, expected ceil({n_in}/{B}) = {want}"
+                        " (is --trace-block-size right? Mooncake traces use 512)")
+    return n_in, n_out, h, timestamp(rec.get("timestamp"))
+
+
 class MooncakeReader(Reader):
     name = "mooncake"
 
@@ -44,26 +55,7 @@ class MooncakeReader(Reader):
         B = ctx.block_size
         in_len, out_len, counts = array("q"), array("q"), array("q")
         arrival, ids = array("d"), array("q")
-        for line, rec in src.records():
-            if ctx.full():
-                break
-            if isinstance(rec, InputError):
-                ctx.bad(rec)
-                continue
-            try:
-                rec = require_object(rec)
-                n_in = length(rec.get("input_length"), "input_length", positive=True)
-                n_out = length(rec.get("output_length"), "output_length")
-                h = hash_id_list(rec.get("hash_ids"))
-                want = math.ceil(n_in / B)
-                if len(h) != want:
-                    raise BadRecord(
-                        f"{len(h)} hash_ids for input_length {n_in}, expected ceil({n_in}/{B}) = {want}"
-                        " (is --trace-block-size right? Mooncake traces use 512)")
-                t = timestamp(rec.get("timestamp"))
-            except BadRecord as e:
-                ctx.bad(InputError(src.path, str(e), line))
-                continue
+        for _, (n_in, n_out, h, t) in self.parsed(src, ctx, lambda rec, line: _fields(rec, B)):
             in_len.append(n_in)
             out_len.append(n_out)
             counts.append(len(h))

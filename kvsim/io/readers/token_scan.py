@@ -48,6 +48,18 @@ def _ws(buf, i, end):
 
 
 @njit(cache=True, inline="always")
+def _after_member(buf, i, end):
+    """Past an object member's value: (1, next member) at a comma, (0, past the object) at
+    its closing brace, (-1, i) at anything else."""
+    i = _ws(buf, i, end)
+    if i < end and buf[i] == _COMMA:
+        return 1, _ws(buf, i + 1, end)
+    if i < end and buf[i] == _RBRACE:
+        return 0, _ws(buf, i + 1, end)
+    return -1, i
+
+
+@njit(cache=True, inline="always")
 def _word(words, i):
     """The eight bytes at byte offset i (any alignment) as a little-endian integer, from the
     8-byte words of the same buffer (which extends at least 8 bytes past i + 8)."""
@@ -229,16 +241,11 @@ def _scan_line(buf, start, end, tokens, tpos, outs, opos, spans):
             i = _skip_value(buf, None, i, end)
             if i < 0:
                 return DECLINED, t0, o0, 0
-        i = _ws(buf, i, end)
-        if i >= end:
+        state, i = _after_member(buf, i, end)
+        if state < 0:
             return DECLINED, t0, o0, 0
-        if buf[i] == _COMMA:
-            i = _ws(buf, i + 1, end)
-            continue
-        if buf[i] == _RBRACE:
-            i = _ws(buf, i + 1, end)
+        if state == 0:
             break
-        return DECLINED, t0, o0, 0
     if i != end or spans[0] < 0:
         return DECLINED, t0, o0, 0
     return FAST, tpos, opos, top
