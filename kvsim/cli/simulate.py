@@ -100,21 +100,12 @@ def simulate(
     if window.active:
         console.print(f"[dim]Warm-up: {window.describe(len(trace))} (SGLang's logged rate, a whole-run figure, "
                       "is not shown).[/]")
+    data = None
     if json_out is not None:
-        from kvsim.outputs import write_json
-
         data = {"mode": "sequential", **simulation_json(trace, runs, options, calibration=calib)}
         if window.active:
             data["warmup"] = window.as_dict(len(trace))
-        for name, tier in tiers.items():
-            data["policies"][name]["summary"]["offload"] = tier
-        write_json(json_out, data)
-        console.print(f"summary written to {json_out}")
-    if per_request is not None:
-        from kvsim.outputs import write_jsonl
-
-        write_jsonl(per_request, per_request_rows(trace, runs))
-        console.print(f"per-request results written to {per_request}")
+    _write_outputs(json_out, data, tiers, per_request, lambda: per_request_rows(trace, runs))
     if html is not None:
         from kvsim.cli.report import html_report
         from kvsim.report import ReportOptions
@@ -212,20 +203,24 @@ def simulate_concurrent(logs: list[Path], names: list[str], options, mode, json_
 
     render_concurrent(console, trace, runs, mode)
     tiers = _offload_sections(trace, runs, options, mode.calibration)
-    if json_out is not None:
-        from kvsim.outputs import write_json
-        from kvsim.drive.concurrent import concurrent_json
+    from kvsim.drive.concurrent import concurrent_json, concurrent_rows
 
-        data = concurrent_json(trace, runs, options, mode)
+    data = concurrent_json(trace, runs, options, mode) if json_out is not None else None
+    _write_outputs(json_out, data, tiers, per_request, lambda: concurrent_rows(trace, runs))
+
+
+def _write_outputs(json_out: Path | None, data: dict | None, tiers: dict[str, dict], per_request: Path | None,
+                   rows) -> None:
+    """Write the --json summary (with each policy's tier section) and the --per-request rows."""
+    from kvsim.outputs import write_json, write_jsonl
+
+    if json_out is not None and data is not None:
         for name, tier in tiers.items():
             data["policies"][name]["summary"]["offload"] = tier
         write_json(json_out, data)
         console.print(f"summary written to {json_out}")
     if per_request is not None:
-        from kvsim.outputs import write_jsonl
-        from kvsim.drive.concurrent import concurrent_rows
-
-        write_jsonl(per_request, concurrent_rows(trace, runs))
+        write_jsonl(per_request, rows())
         console.print(f"per-request results written to {per_request}")
 
 

@@ -69,17 +69,7 @@ class Source:
         """(line number, text) for every non-blank line; undecodable lines come as errors."""
         stream, raw = self.open_binary()
         with raw, stream:
-            lineno = 0
-            it = iter(stream)
-            while True:
-                try:
-                    data = next(it)
-                except StopIteration:
-                    break
-                except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
-                    raise InputError(self.path, f"cannot read compressed data ({_gzip_problem(e)})",
-                                     lineno + 1) from None
-                lineno += 1
+            for lineno, data in _raw_lines(self.path, stream):
                 if self.progress is not None and lineno % 256 == 0:
                     self.progress(raw.tell())
                 text = self.decode_line(data, lineno)
@@ -279,25 +269,35 @@ def _last_newline(buf: np.ndarray, end: int) -> int:
 def _stream_blocks(path: Path, stream: IO[bytes], size: int) -> Iterator[tuple[int, np.ndarray]]:
     """Blocks of whole lines of a compressed stream, read line by line as ``Source.lines`` does."""
     pending: list[bytes] = []
-    held, first, lineno = 0, 1, 0
+    held, first = 0, 1
+    try:
+        for lineno, data in _raw_lines(path, stream):
+            pending.append(data)
+            held += len(data)
+            if held >= size:
+                yield first, np.frombuffer(b"".join(pending), np.uint8)
+                pending, held, first = [], 0, lineno + 1
+    except InputError:
+        if pending:             # the whole lines before the damage are still read
+            yield first, np.frombuffer(b"".join(pending), np.uint8)
+        raise
+    if pending:
+        yield first, np.frombuffer(b"".join(pending), np.uint8)
+
+
+def _raw_lines(path: Path, stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of a stream; damaged compressed data is an InputError at its line."""
+    lineno = 0
     it = iter(stream)
     while True:
         try:
             data = next(it)
         except StopIteration:
-            break
-        except (OSError, EOFError, zlib.error) as e:
-            if pending:
-                yield first, np.frombuffer(b"".join(pending), np.uint8)
+            return
+        except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
             raise InputError(path, f"cannot read compressed data ({_gzip_problem(e)})", lineno + 1) from None
         lineno += 1
-        pending.append(data)
-        held += len(data)
-        if held >= size:
-            yield first, np.frombuffer(b"".join(pending), np.uint8)
-            pending, held, first = [], 0, lineno + 1
-    if pending:
-        yield first, np.frombuffer(b"".join(pending), np.uint8)
+        yield lineno, data
 
 
 @dataclass

@@ -32,7 +32,7 @@ import numpy as np
 
 from kvsim.engines.vllm.manager import KVCacheManager
 from kvsim.engines.vllm.scheduler import (FINISHED, PREEMPTED, RUNNING, WAITING, StepPlan, VllmEngine, VllmRequest,
-                                          VllmSchedSettings, VllmScheduler, WaitingQueue)
+                                          VllmSchedSettings, VllmScheduler, WaitingQueue, waiting_chunk)
 from kvsim.tiers.lmcache_connector import LMCacheConnector
 from kvsim.tiers.vllm_connector import InstantWorker
 
@@ -198,12 +198,9 @@ class ConnectorScheduler(VllmScheduler):
             if load_async:
                 n = 0                                   # loading: no compute this step
             else:
-                n = req.num_tokens - computed
-                if 0 < threshold < n:
-                    n = threshold
-                if not s.enable_chunked_prefill and n > budget:
+                n = waiting_chunk(req.num_tokens - computed, threshold, budget, s.enable_chunked_prefill)
+                if n < 0:
                     break
-                n = min(n, budget)
             reserved = sum(cache.num_blocks_to_allocate(r.seq, r.num_tokens, []) for r in self.inflight) \
                 if load_async else 0
             if not cache.allocate(req.seq, req.num_computed_tokens, n, local, hits,

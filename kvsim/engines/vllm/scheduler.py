@@ -35,6 +35,16 @@ BATCH_QUEUE_SIZE = 2          # VllmConfig.max_concurrent_batches with async sch
 POLICIES = ("fcfs", "priority")
 
 
+def waiting_chunk(n: int, threshold: int, budget: int, chunked: bool) -> int:
+    """A waiting request's tokens this step (§3.3): ``n`` capped at the long-prefill threshold,
+    then at the token budget; -1 (stop admitting) when it does not fit and chunking is off."""
+    if 0 < threshold < n:
+        n = threshold
+    if not chunked and n > budget:
+        return -1
+    return min(n, budget)
+
+
 @dataclass(frozen=True)
 class VllmSchedSettings:
     """The engine options the scheduler reads (vLLM's names; defaults §5)."""
@@ -340,12 +350,9 @@ class VllmScheduler:
             hits, num_hits = cache.lookup(req.seq)
             if req.num_preemptions <= 0:
                 req.prefill_cached = num_hits   # the first prefill's stats (§3.6)
-            n = req.num_tokens - num_hits
-            if 0 < threshold < n:
-                n = threshold
-            if not s.enable_chunked_prefill and n > budget:
+            n = waiting_chunk(req.num_tokens - num_hits, threshold, budget, s.enable_chunked_prefill)
+            if n < 0:
                 break
-            n = min(n, budget)
             if not cache.allocate(req.seq, 0, n, num_hits, hits, full_sequence_must_fit=s.reserve_full_isl,
                                   apply_watermark=bool(running)):
                 break           # head-of-line blocking: nobody behind it is tried (§3.3)
