@@ -105,7 +105,7 @@ def simulate(
         data = {"mode": "sequential", **simulation_json(trace, runs, options, calibration=calib)}
         if window.active:
             data["warmup"] = window.as_dict(len(trace))
-    _write_outputs(json_out, data, tiers, per_request, lambda: per_request_rows(trace, runs))
+    _write_outputs(json_out, data, {"offload": tiers}, per_request, lambda: per_request_rows(trace, runs))
     if html is not None:
         from kvsim.cli.report import html_report
         from kvsim.report import ReportOptions
@@ -206,17 +206,19 @@ def simulate_concurrent(logs: list[Path], names: list[str], options, mode, json_
     from kvsim.drive.concurrent import concurrent_json, concurrent_rows
 
     data = concurrent_json(trace, runs, options, mode) if json_out is not None else None
-    _write_outputs(json_out, data, tiers, per_request, lambda: concurrent_rows(trace, runs))
+    _write_outputs(json_out, data, {"offload": tiers}, per_request, lambda: concurrent_rows(trace, runs))
 
 
-def _write_outputs(json_out: Path | None, data: dict | None, tiers: dict[str, dict], per_request: Path | None,
-                   rows) -> None:
-    """Write the --json summary (with each policy's tier section) and the --per-request rows."""
+def _write_outputs(json_out: Path | None, data: dict | None, sections: dict[str, dict[str, dict]],
+                   per_request: Path | None, rows) -> None:
+    """Write the --json summary, each policy's summary given its ``sections`` (key -> policy ->
+    section), and the --per-request rows (``rows()``)."""
     from kvsim.outputs import write_json, write_jsonl
 
     if json_out is not None and data is not None:
-        for name, tier in tiers.items():
-            data["policies"][name]["summary"]["offload"] = tier
+        for key, by_policy in sections.items():
+            for name, section in by_policy.items():
+                data["policies"][name]["summary"][key] = section
         write_json(json_out, data)
         console.print(f"summary written to {json_out}")
     if per_request is not None:
@@ -293,9 +295,8 @@ def simulate_fleet(logs: list[Path], names: list[str], options, mode, fleet, jso
         rows = lambda: fleet_concurrent_rows(trace, runs)
     for name, f in fleets.items():
         render_fleet(console, name, registry.engine(name).label, f)
+    data = None
     if json_out is not None:
-        from kvsim.outputs import write_json
-
         if mode is None:
             from kvsim.drive.simulate import simulation_json
 
@@ -307,12 +308,4 @@ def simulate_fleet(logs: list[Path], names: list[str], options, mode, fleet, jso
 
             data = concurrent_json(trace, runs, options, mode)
         data["fleet"] = fleet.as_dict()
-        for name, f in fleets.items():
-            data["policies"][name]["summary"]["fleet"] = f
-        write_json(json_out, data)
-        console.print(f"summary written to {json_out}")
-    if per_request is not None:
-        from kvsim.outputs import write_jsonl
-
-        write_jsonl(per_request, rows())
-        console.print(f"per-request results written to {per_request}")
+    _write_outputs(json_out, data, {"fleet": fleets}, per_request, rows)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.engines.vllm.manager import KVCacheManager
-from kvsim.engines.vllm.scheduler import (FINISHED, PREEMPTED, RUNNING, WAITING, StepPlan, VllmEngine, VllmRequest,
+from kvsim.engines.vllm.scheduler import (FINISHED, PREEMPTED, WAITING, StepPlan, VllmEngine, VllmRequest,
                                           VllmSchedSettings, VllmScheduler, WaitingQueue, waiting_chunk)
 from kvsim.tiers.lmcache_connector import LMCacheConnector
 from kvsim.tiers.vllm_connector import InstantWorker
@@ -218,11 +218,8 @@ class ConnectorScheduler(VllmScheduler):
             if external:
                 self.loads.append(self._split(external))   # a synchronous load (LMCache, offload.md §2.5)
             queue.pop()
-            running.append(req)
-            scheduled[req] = n
+            self._start(req, n, computed, scheduled)
             budget -= n
-            req.status = RUNNING
-            req.num_computed_tokens = computed
             if computed + n < req.num_tokens:
                 self.inflight.add(req)
         for r in reversed(skipped_holding):

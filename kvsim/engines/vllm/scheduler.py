@@ -357,15 +357,19 @@ class VllmScheduler:
                                   apply_watermark=bool(running)):
                 break           # head-of-line blocking: nobody behind it is tried (§3.3)
             waiting.pop()
-            running.append(req)
-            scheduled[req] = n
+            self._start(req, n, num_hits, scheduled)
             budget -= n
-            req.status = RUNNING
-            req.num_computed_tokens = num_hits
         for req in reversed(skipped):
             waiting.prepend(req)
         return budget
 
+
+    def _start(self, req: VllmRequest, n: int, computed: int, scheduled: dict) -> None:
+        """A waiting request runs this step: ``n`` new tokens after ``computed`` (§3.3)."""
+        self.running.append(req)
+        scheduled[req] = n
+        req.status = RUNNING
+        req.num_computed_tokens = computed
     def _update_after_schedule(self, step: int, scheduled: dict, decoding: set) -> StepPlan:
         """``_update_after_schedule`` (+ AsyncScheduler's placeholders): the step's plan."""
         s = self.settings
