@@ -102,7 +102,7 @@ class ApproxTree:
         memo = self._memo
         if memo is not None and memo[0] is tokens:
             return memo[1], memo[2]
-        toks = np.asarray(tokens, np.int64)
+        toks = tokens if isinstance(tokens, np.ndarray) and tokens.dtype == np.int64 else np.asarray(tokens, np.int64)
         raw = toks.tobytes()
         self._memo = (tokens, toks, raw, None)
         return toks, raw

@@ -109,6 +109,16 @@ def log_seconds(trace) -> np.ndarray:
     return at - at.min()
 
 
+def _names(trace, column: str) -> list:
+    """Each request's name in a code column (None where it has none), one lookup per distinct code."""
+    codes = np.asarray(getattr(trace, column))
+    if not len(codes):
+        return []
+    distinct, inverse = np.unique(codes, return_inverse=True)
+    names = [trace.name_of(column, int(c)) for c in distinct]
+    return [names[k] for k in inverse.tolist()]
+
+
 class RouteRequests:
     """The log's requests as :class:`RouteRequest` objects, made when asked for (no text)."""
 
@@ -117,9 +127,9 @@ class RouteRequests:
         tokens = trace.require_tokens("a fleet")
         self.tokens, self.offsets = tokens, trace.offsets
         self.n = len(trace)
-        self.session = [trace.name_of("session", int(c)) for c in trace.session]
-        self.lora = [trace.name_of("lora", int(c)) for c in trace.lora]
-        self.salt = [trace.name_of("cache_salt", int(c)) or None for c in trace.cache_salt]
+        self.session = _names(trace, "session")
+        self.lora = _names(trace, "lora")
+        self.salt = [s or None for s in _names(trace, "cache_salt")]
 
     def __len__(self) -> int:
         return self.n
@@ -127,7 +137,9 @@ class RouteRequests:
     def request(self, i: int, now: float) -> RouteRequest:
         """Request ``i``, reaching the router at ``now`` (seconds); its id is its index (a log's
         own ids may repeat, and Dynamo books requests by id)."""
-        toks = np.asarray(self.tokens[self.offsets[i]:self.offsets[i + 1]], np.int64)
+        toks = self.tokens[self.offsets[i]:self.offsets[i + 1]]
+        if toks.dtype != np.int64:
+            toks = toks.astype(np.int64)
         return RouteRequest(i, str(i), toks, now, self.session[i], self.lora[i], self.salt[i])
 
 
@@ -151,7 +163,10 @@ def _gather(values: np.ndarray, offsets: np.ndarray, idx: np.ndarray) -> tuple[n
     starts, lengths = offsets[idx], offsets[idx + 1] - offsets[idx]
     out_off = np.zeros(len(idx) + 1, np.int64)
     np.cumsum(lengths, out=out_off[1:])
-    at = np.arange(int(out_off[-1]), dtype=np.int64) + np.repeat(starts - out_off[:-1], lengths)
+    total = int(out_off[-1])
+    if len(idx) and total >= 64 * len(idx):     # long rows: one slice copy each beats an index array
+        return np.concatenate([values[a:a + n] for a, n in zip(starts.tolist(), lengths.tolist())]), out_off
+    at = np.arange(total, dtype=np.int64) + np.repeat(starts - out_off[:-1], lengths)
     return values[at], out_off
 
 
