@@ -126,9 +126,8 @@ class CacheAware(InFlightRouter):
                 peek: bool) -> frozenset[int]:
         eligible = self._eligible(loads)
         load = self.load(loads, now)
-        least = lowest(load, eligible)
         if self._usage_triggers(loads) or (not self.new and self._imbalanced_old()):
-            return least
+            return lowest(load, eligible)
         if peek:
             saved = self.tree.epoch
             matched, tenant = self.tree.match(req.tokens)
@@ -138,11 +137,11 @@ class CacheAware(InFlightRouter):
         n = len(req.tokens)
         rate = matched / n if n else 0.0
         if rate <= self.settings.cache_threshold or tenant is None:   # strict ">" (docs/engines/routers.md §2.7, SG2)
-            return least
+            return lowest(load, eligible)
         # any holder of the matched node (not the least loaded one) that does not spill
         ok = [t for t in self.tree.holders(req.tokens)
               if t in eligible and not (self.new and self.spills(t, load))]
-        return frozenset(ok) if ok else least
+        return frozenset(ok) if ok else lowest(load, eligible)
 
     def choose(self, req: RouteRequest, loads: Sequence[ReplicaLoad], now: float) -> int:
         cands = sorted(self._decide(req, loads, now, peek=False))
