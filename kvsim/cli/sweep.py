@@ -6,17 +6,22 @@ from typing import Annotated, Optional
 
 import typer
 
-from kvsim.cli.options import FLEET_PANEL, INPUT, ROUTER_NAMES, LogInput, with_groups
+from kvsim.cli.options import FLEET_PANEL, INPUT, OFFLOAD, OFFLOAD_PANEL, ROUTER_NAMES, LogInput, option, with_groups
 from kvsim.cli.app import app, console
 from kvsim.cli.replay_options import ArrivalFromOpt, ArrivalsOpt, ReplayOpt, SpeedupOpt, StepSecondsOpt
 from kvsim.cli.options import (DEFAULT, BlockSizeListOpt, CapacityListOpt, EngineVersionOpt, EvictionListOpt, GpuOpt, LogPaths, ModelOpt, PageSizeListOpt, PolicyOpt, WarmupOpt)
 
 _RUN = "Execution"
 _OUT = "Output"
+#: kvsim simulate's tier options, --offload-size taking a comma list here (docs/offload.md)
+SWEEP_OFFLOAD = OFFLOAD.but(offload_size=option(
+    Optional[str], "--offload-size", "Also replay each row with the tier at these sizes, a comma list: tokens "
+    "(5e4,1e5), memory such as 100GiB (needs --model), 0 = no tier; columns offload, offload_size_tokens, "
+    "gpu/cpu/disk_hit_rate (docs/offload.md).", OFFLOAD_PANEL))
 
 
 @app.command()
-@with_groups(INPUT)
+@with_groups(INPUT, SWEEP_OFFLOAD)
 def sweep(
     logs: LogPaths,
     capacity: CapacityListOpt,
@@ -66,6 +71,7 @@ def sweep(
         "--router-option", help="A router option KEY=VALUE (repeatable), for the routers that have it.",
         rich_help_panel=FLEET_PANEL, show_default=False)] = None,
     log_input: LogInput = None,
+    offload: dict = None,
 ) -> None:
     """Replay a log at every combination of capacity, block/page size and policy.
 
@@ -77,7 +83,9 @@ def sweep(
     size could hit, knowing the future, under the engine's rules. With --replay steps or timed,
     each row is also replayed as the log arrived through the engine's scheduler model (vLLM
     0.33.0, SGLang 0.5.23) at the same capacity: its hit rate under load, preemptions, and with
-    timed the TTFT p50/p90 (step cost: --model on --gpu, or --calibration).
+    timed the TTFT p50/p90 (step cost: --model on --gpu, or --calibration). With --offload and
+    --offload-size, each row is replayed again with a memory tier of each size: the token shares
+    served from the GPU, CPU memory and disk.
     """
     from kvsim.errors import ConfigError
     from kvsim.outputs import check_output_path
@@ -103,6 +111,9 @@ def sweep(
     under_load = _under_load(replay_mode, arrival_from, step_seconds, arrivals, speedup, model, gpu, calibration,
                              engine_version)
     grid = _fleet_grid(replicas, router, router_option)
+    tiers = _tier_grid(offload, names, capacity, block_size, page_size, eviction, model, engine_version, gpu)
+    if tiers is not None and grid is not None:
+        raise ConfigError("sweep fleets (--replicas) or tier sizes (--offload-size), one at a time")
     runner = make_executor(executor, jobs)
     for out in (csv_out, json_out, html):
         if out is not None:
@@ -133,10 +144,19 @@ def sweep(
 
         fleet_table = fleet_frame(fleet_rows(trace, result.points, grid, under_load))
         render_fleet_sweep(console, fleet_table)
+    tier_table = None
+    if tiers is not None:
+        from kvsim.render.sweep import render_offload_sweep
+        from kvsim.sweep.offload import offload_frame, offload_rows
+
+        tier_table = offload_frame(offload_rows(trace, result.points, tiers, result.frame, under_load,
+                                                progress=True))
+        render_offload_sweep(console, tier_table)
     if csv_out is not None:
         from kvsim.outputs import write_text_atomic
 
         table = result.frame if fleet_table is None else fleet_table    # with --replicas: the fleet rows
+        table = table if tier_table is None else tier_table             # with --offload: the tier rows
         write_text_atomic(csv_out, table.to_csv(index=False))
         console.print(f"table written to {csv_out}")
     if json_out is not None:
@@ -155,10 +175,14 @@ def sweep(
         if fleet_table is not None:
             settings.update({"replicas": replicas, "router": router or "round_robin",
                              "router_options": list(router_option or [])})
+        if tier_table is not None:
+            settings.update({"offload": tiers.backend, "offload_size": [t.label for t in tiers.sizes],
+                             "offload_options": {k: v for k, v in tiers.options.items() if k != "offload"}})
         data = sweep_json(trace, result, settings)
         if fleet_table is not None:
-            data["fleet_rows"] = fleet_table.replace({float("inf"): None}).astype(object).where(
-                fleet_table.notna(), None).to_dict(orient="records")
+            data["fleet_rows"] = _records(fleet_table)
+        if tier_table is not None:
+            data["offload_rows"] = _records(tier_table)
         write_json(json_out, data)
         console.print(f"sweep written to {json_out}")
     if html is not None:
@@ -203,3 +227,25 @@ def _fleet_grid(replicas: str | None, router: str | None, router_option: list[st
         return None
     routers = [r.strip() for r in (router or "round_robin").split(",") if r.strip()]
     return fleets(parse_replicas(replicas), routers, options)
+
+
+def _tier_grid(offload: dict | None, names: list[str], capacity: str, block_size: str, page_size: str,
+               eviction: str, model: str | None, engine_version: str | None, gpu: str | None):
+    """The tier sizes of --offload x --offload-size (None without --offload); every row at every
+    size is checked here, before the log is read."""
+    from kvsim.sweep.grid import expand_grid, parse_capacities, parse_eviction_policies, parse_ints
+    from kvsim.sweep.offload import check, tier_grid
+
+    tiers = tier_grid(offload or {}, model)
+    if tiers is None:
+        return None
+    base = {k: v for k, v in (("model", model), ("engine_version", engine_version), ("gpu", gpu)) if v is not None}
+    points = expand_grid(names, parse_capacities(capacity, model), parse_ints(block_size, "--block-size"),
+                         parse_ints(page_size, "--page-size"), parse_eviction_policies(eviction), base=base)
+    check(tiers, points)
+    return tiers
+
+
+def _records(table) -> list[dict]:
+    """A table's rows for the JSON output (inf and NaN as null)."""
+    return table.replace({float("inf"): None}).astype(object).where(table.notna(), None).to_dict(orient="records")

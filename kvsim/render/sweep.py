@@ -92,3 +92,47 @@ def render_sweep(console: Console, result: SweepResult) -> None:
         console.print(f"[dim]Warm-up: the first {result.warmup['warmup_requests']:,} requests only warm the cache "
                       "and are left out of every figure.[/]")
     console.print(f"[dim]{len(frame)} combination(s) in {result.elapsed_s:.1f} s.[/]")
+
+
+#: the tier columns of ``kvsim sweep --offload-size`` in the terminal: (column, heading, format); the CSV has all
+OFFLOAD_COLUMNS = [
+    ("offload_size", "size", "{}"),
+    ("offload_size_tokens", "CPU tokens", "{:,}"),
+    ("disk_size_tokens", "disk tokens", "{:,}"),
+    ("gpu_hit_rate", "GPU", "{:.1%}"),
+    ("cpu_hit_rate", "CPU", "{:.1%}"),
+    ("disk_hit_rate", "disk", "{:.1%}"),
+    ("token_hit_rate", "hit", "{:.1%}"),
+    ("tier_gain", "gain", "{:+.1%}"),
+    ("concurrent_hit_rate", "load", "{:.1%}"),
+    ("ttft_p90_s", "p90 s", "{:.3f}"),
+    ("ttft_p90_without_tier_s", "p90 w/o", "{:.3f}"),
+]
+
+
+def render_offload_sweep(console: Console, frame) -> None:
+    """The tier rows of a sweep: per setting and capacity, one table of the tier sizes."""
+    from kvsim.render.cells import cell
+
+    columns = [c for c in OFFLOAD_COLUMNS if c[0] in frame.columns and frame[c[0]].notna().any()]
+    if "disk_size_tokens" in frame.columns and not (frame["disk_size_tokens"] > 0).any():
+        columns = [c for c in columns if c[0] not in ("disk_size_tokens", "disk_hit_rate")]
+    rows = frame.to_dict(orient="records")
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row.get("setting", row.get("policy", "")), row.get("capacity_tokens")), []).append(row)
+    backend = rows[0]["offload"] if rows else ""
+    console.print(f"[bold]Memory tiers[/] (--offload {backend}): token shares of the prompt tokens served from each "
+                  "tier; hit = their sum")
+    for (setting, cap), members in groups.items():
+        table = Table(title=f"{setting}, GPU capacity {_tokens(cap)} tokens", title_justify="left")
+        for key, heading, _ in columns:
+            table.add_column(heading, no_wrap=True, justify="left" if key == "offload_size" else "right")
+        for row in members:
+            table.add_row(*[cell(row.get(key), pattern) for key, _, pattern in columns])
+        console.print(table)
+    legend = {"size": "--offload-size as given (0: no tier)", "CPU tokens": "the CPU tier the engine derived",
+              "gain": "hit rate over the row without a tier", "load": "hit rate under load (with the tier)",
+              "p90 s": "TTFT p90 with the tier", "p90 w/o": "without it"}
+    console.print("[dim]" + "; ".join(f"{h}: {legend[h]}" for _, h, _ in columns if h in legend)
+                  + " (--csv for every column).[/]")

@@ -7,6 +7,8 @@ parallel, and one-pass hit-rate-vs-capacity curves.
   :func:`curve_model` -> the full step function (:class:`CurveModel`).
 - :func:`optimal_model` -> the offline optimum of an engine's rules at any capacity
   (``docs/optimal.md``).
+- :func:`offload_rows` -> every combination again with a memory tier of each size
+  (``docs/offload.md``).
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from typing import Any
 #: ``kvsim.sweep.grid`` (capacity parsing, used by every command) does not pull in pandas
 _HOMES = {"CurveModel": "curves", "curve": "curves", "curve_model": "curves",
           "OptimalModel": "optimal", "optimal_model": "optimal",
-          "CurveSeries": "run", "SweepResult": "run", "run_sweep": "run", "sweep": "run"}
+          "CurveSeries": "run", "SweepResult": "run", "run_sweep": "run", "sweep": "run",
+          "offload_rows": "offload", "parse_offload_sizes": "offload", "tier_grid": "offload"}
 
 
 def __getattr__(name: str) -> Any:
@@ -26,5 +29,5 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f"kvsim.sweep.{_HOMES[name]}"), name)
 
 
-__all__ = ["CurveModel", "CurveSeries", "OptimalModel", "SweepResult", "curve", "curve_model", "optimal_model",
-           "run_sweep", "sweep"]
+__all__ = ["CurveModel", "CurveSeries", "OptimalModel", "SweepResult", "curve", "curve_model", "offload_rows",
+           "optimal_model", "parse_offload_sizes", "run_sweep", "sweep", "tier_grid"]
