@@ -115,19 +115,19 @@ class ApproxTree:
         if memo is not None and memo[0] is tokens and memo[3] is not None and memo[3][0] == self.version:
             return memo[3][1], memo[3][2]
         toks, raw = self._bytes(tokens)
-        node, pos, n = self.root, 0, len(toks)
+        node, pos, start, n = self.root, 0, 0, len(toks)
         children = node.children
         while pos < n:
             child = children.get(int(toks[pos]))
             if child is None:
                 break
             k = _shared(raw, 8 * pos, child.raw)
-            pos += k
+            start, pos = pos, pos + k
             node = child
             if 8 * k < len(child.raw):
                 break
             children = child.children
-        self._memo = (tokens, toks, raw, (self.version, pos, node))
+        self._memo = (tokens, toks, raw, (self.version, pos, node, start))
         return pos, node
 
     def _attach(self, node: Node, tenant: int, epoch: int) -> None:
@@ -141,7 +141,7 @@ class ApproxTree:
         memo = self._memo[3]
         self.version += 1
         if memo is not None and memo[0] == self.version - 1:
-            self._insert_at(toks, tenant, memo[1], memo[2])   # the walk match just did
+            self._insert_at(toks, tenant, memo[1], memo[2], memo[3])   # the walk match just did
             return
         node, pos, n = self.root, 0, len(toks)
         while pos < n:
@@ -170,9 +170,10 @@ class ApproxTree:
         upper.children[int(child.edge[0])] = child
         return upper
 
-    def _insert_at(self, toks: np.ndarray, tenant: int, pos: int, stop: Node) -> None:
-        """``insert`` from where ``_descend`` stopped (``pos`` tokens matched, ending in ``stop``):
-        the same splits, attachments and stamps as the walk, without comparing tokens again."""
+    def _insert_at(self, toks: np.ndarray, tenant: int, pos: int, stop: Node, start: int) -> None:
+        """``insert`` from where ``_descend`` stopped (``pos`` tokens matched, ending in ``stop``,
+        whose edge starts at token ``start``): the same splits, attachments and stamps as the
+        walk, without comparing tokens again."""
         path = []
         x = stop
         while x is not self.root:
@@ -180,7 +181,7 @@ class ApproxTree:
             x = x.parent
         path.reverse()
         if path:
-            k = pos - sum(len(p.edge) for p in path[:-1])
+            k = pos - start
             if k < len(stop.edge):                # ends inside stop's edge: split it there
                 path[-1] = self._split(stop.parent, stop, k)
         for p in path:

@@ -71,6 +71,7 @@ class CacheAware(InFlightRouter):
         self.tree = ApproxTree(self.num_replicas)
         self.next_eviction: float | None = None
         self.new = self.settings.version == "1.13.0"
+        self.everyone = list(range(self.num_replicas))
         self.polled = [0] * self.num_replicas      # request counts reported at the last poll
         self.since = [0] * self.num_replicas       # dispatches since that poll
         self.next_poll: float | None = None
@@ -89,13 +90,11 @@ class CacheAware(InFlightRouter):
 
     def _eligible(self, loads: Sequence[ReplicaLoad]) -> list[int]:
         """1.13.0's overload veto (docs/engines/routers.md §2.4 item 2)."""
-        everyone = list(range(self.num_replicas))
         if not self.new or not loads:
-            return everyone
-        s = self.settings
-        ok = [w for w in everyone if loads[w].waiting < s.worker_overload_waiting_requests
-              and loads[w].kv_usage < s.worker_overload_token_usage]
-        return ok or everyone
+            return self.everyone
+        waiting, usage = self.settings.worker_overload_waiting_requests, self.settings.worker_overload_token_usage
+        ok = [w for w, x in enumerate(loads) if x.waiting < waiting and x.kv_usage < usage]
+        return ok or self.everyone
 
     def _usage_triggers(self, loads: Sequence[ReplicaLoad]) -> bool:
         s = self.settings
