@@ -6,7 +6,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from kvsim.cli.options import CAPACITY, FLEET, INPUT, CalibrationFileOpt, EngineOptions, LogInput, with_groups
+from kvsim.cli.options import CAPACITY, FLEET, INPUT, OFFLOAD, CalibrationFileOpt, EngineOptions, LogInput, with_groups
 from kvsim.cli.app import app, console, err_console
 from kvsim.cli.replay_options import SpeedupOpt
 from kvsim.cli.options import ANALYZE_DEFAULT, BlockSizesOpt, TopOpt
@@ -38,7 +38,7 @@ def html_report(html: Path, trace: Any, logs: list[Path], options: Any = None, p
 
 
 @app.command()
-@with_groups(CAPACITY, FLEET, INPUT)
+@with_groups(CAPACITY, FLEET, INPUT, OFFLOAD)
 def report(
     logs: LogPaths,
     output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write (self-contained: images "
@@ -66,6 +66,7 @@ def report(
     engine: EngineOptions = None,
     fleet: object = None,
     log_input: LogInput = None,
+    offload: dict = None,
 ) -> None:
     """Write an HTML report (plus PNG charts) of a prompt log: what a prefix cache would save.
 
@@ -83,6 +84,10 @@ def report(
 
     With [bold]--agreement[/], a record of [bold]kvsim serve --upstream[/] gets the agreement
     report instead: kvsim's predicted cached_tokens vs the server's, per request.
+
+    With [bold]--offload[/] (and [bold]--offload-size[/]), a Memory tiers section: each engine
+    of that tier at the chosen capacity, its hits from the GPU, CPU memory and disk, and in the
+    timed replay TTFT with and without the tier.
     """
     if agreement:
         from kvsim.errors import ConfigError
@@ -114,7 +119,8 @@ def report(
     check_output_path(output, logs)
     options = ReportOptions(sim=sim, block_sizes=parse_block_sizes(block_sizes), top=top, show_text=show_text,
                             model=engine.model, calibration=calib, gpu_results=gpu_results, jobs=jobs, warmup=window,
-                            concurrent=concurrent, speedup=speedup, policies=policy, fleet=fleet)
+                            concurrent=concurrent, speedup=speedup, policies=policy, fleet=fleet,
+                            offload=offload or None)
     trace = log_input.load(logs)
     html_report(output, trace, logs, options, png_dir=png_dir)
 

@@ -66,6 +66,7 @@ class ReportOptions:
     concurrent: bool = True                  # the "Under load" section (kvsim.report.concurrent)
     speedup: float = 1.0                     # its arrivals, this many times faster than logged
     fleet: Any = None                        # kvsim.fleet.config.FleetSpec: the Fleet section (docs/fleet.md)
+    offload: dict[str, Any] | None = None    # tier options (SimOptions.extra keys): the Memory tiers section
     policies: Any = None                     # the engines: names, a comma list or "all" (None: all)
 
     def __post_init__(self) -> None:
@@ -82,6 +83,10 @@ class ReportOptions:
 
         self.warmup = parse_warmup(self.warmup)
         self.policies = _policies(self.policies)
+        if self.offload:   # bad tier settings fail before any log is read (docs/offload.md)
+            from kvsim.report.offload import tier_engines
+
+            tier_engines(self.sim, self.offload, self.policies)
 
 
 def _policies(given: Any) -> tuple[str, ...]:
@@ -189,6 +194,8 @@ class _Builder:
         ]
         if o.fleet is not None:
             sections.append(self._fleet_section())
+        if o.offload:
+            sections.append(self._offload_section())
         if o.gpu_results is not None:
             sections.append(self._gpu_section())
         sections.append(self._notes_section())
@@ -516,6 +523,22 @@ class _Builder:
         fleets = {name: run.fleet_summary(self.trace) for name, run in runs.items()}
         return fleet_section(fleets, {name: registry.engine(name).label for name in fleets}, self._chart)
 
+    def _offload_section(self) -> Section:
+        """Each engine of the tier's family with the tier, at the chosen capacity (docs/offload.md)."""
+        from kvsim.report.offload import offload_section, tier_engines, tier_summaries, timed_tiers
+
+        names = [p for p in tier_engines(self.chosen_sim, self.opts.offload, self.names) if p in self.runs]
+        if any(not math.isfinite(self.caps[p]) for p in names):
+            self.tiers = None
+            return Section("offload", f"Memory tiers: --offload {self.opts.offload['offload']}", paragraphs=[
+                "No tier section: the chosen capacity is unlimited, so nothing is evicted to a tier."])
+        self._phase(f"replaying {' and '.join(names)} with the --offload {self.opts.offload['offload']} tier")
+        summaries = tier_summaries(self.trace, names, self.chosen_sim, self.opts.offload, self.opts)
+        timed = timed_tiers(self.trace, names, self.chosen_sim, self.opts.offload, self.opts)
+        self.tiers = {p: {**summaries[p], **({"timed": timed[p]} if p in timed else {})} for p in names}
+        return offload_section(summaries, {p: registry.engine(p).label for p in names}, dict(self.caps),
+                               {p: _hit_rate(self.runs[p], self.trace) for p in names}, self._chart, timed)
+
     def _chart(self, name: str, fig: Any, caption: str, alt: str) -> Chart:
         title = fig.axes[0].get_title(loc="left") if fig.axes else name
         if getattr(fig, "_suptitle", None) is not None:
@@ -766,6 +789,7 @@ class _Builder:
             "kv_bytes_per_token": self.kv_bytes,
             "recommendation": (self.an.get("recommendation") or {}).get("engine"),
             "concurrent": getattr(self, "concurrent", None),
+            "offload": getattr(self, "tiers", None),
         }
         return T.key_numbers(numbers, summaries, self.an, self.chosen_sim, self.opts), numbers
 
