@@ -27,7 +27,7 @@ def dynamo_runs():
     if DYNAMO is None:
         pytest.skip(DYNAMO_WHY)
     scripts = [router_dynamo_script.build(100 + seed, mode, sequential=seq) for seed, mode, seq in CASES]
-    results = run_driver("router_dynamo_driver.py", [s["job"] for s in scripts], DYNAMO)
+    results = run_driver("router_dynamo_driver.py", [s["job"] for s in scripts], DYNAMO, timeout=600)
     return list(zip(CASES, scripts, results))
 
 
@@ -71,7 +71,7 @@ def smg_runs():
            [router_smg_script.loaded(300 + s) for s in range(2)] + \
            [router_smg_script.hot(500 + s) for s in range(2)]
     results = run_driver("router_smg_driver.py", [router_smg_script.for_driver(j) for j in jobs], SMG,
-                         timeout=240)
+                         timeout=600)
     return list(zip(jobs, results))
 
 

@@ -173,20 +173,16 @@ class ApproxTree:
     def _insert_at(self, toks: np.ndarray, tenant: int, pos: int, stop: Node, start: int) -> None:
         """``insert`` from where ``_descend`` stopped (``pos`` tokens matched, ending in ``stop``,
         whose edge starts at token ``start``): the same splits, attachments and stamps as the
-        walk, without comparing tokens again."""
-        path = []
-        x = stop
-        while x is not self.root:
-            path.append(x)
+        walk, without comparing tokens again. A tenant holding a node holds its ancestors
+        (inserts attach the whole path, splits copy, eviction takes a tenant's deepest nodes
+        first), so the attaching stops at the first node the tenant already holds."""
+        last = stop
+        if stop is not self.root and pos - start < len(stop.edge):   # ends inside stop's edge: split it
+            last = self._split(stop.parent, stop, pos - start)
+        x = last
+        while x is not self.root and tenant not in x.tenants:
+            self._attach(x, tenant, 0)
             x = x.parent
-        path.reverse()
-        if path:
-            k = pos - start
-            if k < len(stop.edge):                # ends inside stop's edge: split it there
-                path[-1] = self._split(stop.parent, stop, k)
-        for p in path:
-            self._attach(p, tenant, 0)
-        last = path[-1] if path else self.root
         if pos < len(toks):
             leaf = Node(toks[pos:].copy(), last, tenant)
             last.children[int(toks[pos])] = leaf
