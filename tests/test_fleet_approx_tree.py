@@ -1,5 +1,7 @@
 """The gateway's approximate tree: inserting from the walk a match just did builds the same tree
-as inserting with a walk of its own (splits, tenants in order, epochs, owners, sizes)."""
+as inserting with a walk of its own (splits, tenants in order, epochs, owners, sizes), under
+both eviction bounds; and a tenant holding a node always holds its parent (what the insert
+after a match relies on to stop attaching early)."""
 from __future__ import annotations
 
 import numpy as np
@@ -32,6 +34,15 @@ def test_insert_after_match_equals_insert_alone(seed):
         walk.insert(tokens, tenant)
         assert got == want
         if rng.random() < 0.1:
-            fast.evict(20, shared=True)
-            walk.evict(20, shared=True)
+            fast.evict(20, shared=seed % 2 == 0)
+            walk.evict(20, shared=seed % 2 == 0)
+        assert_ancestors_held(fast.root)
     assert shape(fast.root, []) == shape(walk.root, []) and fast.size == walk.size
+
+
+def assert_ancestors_held(root):
+    stack = list(root.children.values())
+    while stack:
+        node = stack.pop()
+        assert set(node.tenants) <= set(node.parent.tenants), (node.edge.tolist(), node.tenants, node.parent.tenants)
+        stack.extend(node.children.values())
