@@ -92,45 +92,61 @@ def prefill_time_saved(result: ReplayResult, trace: Trace, calibration: Any) -> 
     }
 
 
-def per_request_frame(result: ReplayResult, trace: Trace) -> pd.DataFrame:
-    """One row per request, in input order."""
-    import pandas as pd
-
+def per_request_columns(result: ReplayResult, trace: Trace) -> dict[str, list]:
+    """The per-request columns as Python lists, in input order, warm-up requests left out
+    (what ``--per-request`` writes; no pandas, which a command need not import for it)."""
     prompt = trace.prompt_lengths
     cached = np.where(result.rejected, 0, result.cached_tokens)
-    frame = pd.DataFrame({
-        "index": np.arange(len(trace)),
-        "request_id": pd.Series([trace.request_id(i) for i in range(len(trace))], dtype=object),
-        "prompt_tokens": prompt,
-        "cached_tokens": cached,
-        "computed_tokens": np.where(result.rejected, 0, prompt - cached),
-        "output_tokens": np.maximum(trace.output_lengths, 1),
-        "rejected": result.rejected,
-        "cache_read_skipped": ~result.rejected & ~result.read_cache,
-        "evicted_tokens": result.evicted_tokens,
-    })
+    columns: dict[str, list] = {
+        "index": list(range(len(trace))),
+        "request_id": [trace.request_id(i) for i in range(len(trace))],
+        "prompt_tokens": prompt.tolist(),
+        "cached_tokens": cached.tolist(),
+        "computed_tokens": np.where(result.rejected, 0, prompt - cached).tolist(),
+        "output_tokens": np.maximum(trace.output_lengths, 1).tolist(),
+        "rejected": np.asarray(result.rejected, bool).tolist(),
+        "cache_read_skipped": (~result.rejected & ~result.read_cache).tolist(),
+        "evicted_tokens": result.evicted_tokens.tolist(),
+    }
     if "offload" in result.extra:   # cached tokens by tier (gpu, cpu, disk)
         tier = result.extra["offload"]
-        frame["cached_by_tier"] = pd.Series([tier.cached_by_tier(i) for i in range(len(trace))], dtype=object)
-    for name, column in category_columns(trace).items():
-        frame[name] = column
+        columns["cached_by_tier"] = [tier.cached_by_tier(i) for i in range(len(trace))]
+    columns.update(category_names(trace))
     m = counted(result)
-    if not m.all():
-        frame = frame[m].reset_index(drop=True)  # warm-up requests are left out
-    return frame
+    if not m.all():                 # warm-up requests are left out
+        keep = np.flatnonzero(m).tolist()
+        columns = {k: [v[i] for i in keep] for k, v in columns.items()}
+    return columns
 
 
-def category_columns(trace: Trace) -> dict[str, pd.Series]:
-    """The tenant / cache_salt / lora / session names per request, for the columns the trace has."""
+def per_request_frame(result: ReplayResult, trace: Trace) -> pd.DataFrame:
+    """One row per request, in input order (:func:`per_request_columns` as a frame)."""
     import pandas as pd
 
+    columns = per_request_columns(result, trace)
+    return pd.DataFrame({k: pd.Series(v, dtype=object) if k in OBJECT_COLUMNS else v for k, v in columns.items()})
+
+
+#: columns that hold strings, dicts or None (kept as Python objects in a frame)
+OBJECT_COLUMNS = frozenset({"request_id", "cached_by_tier", "tenant", "cache_salt", "lora", "session"})
+
+
+def category_names(trace: Trace) -> dict[str, list]:
+    """The tenant / cache_salt / lora / session names per request (None where a request has
+    none), for the columns the trace has."""
     out = {}
     for column in ("tenant", "cache_salt", "lora", "session"):
         codes = getattr(trace, column)
         if (codes != NONE).any():
-            # object dtype keeps None (JSON null) for requests without a value
-            out[column] = pd.Series([trace.name_of(column, int(c)) for c in codes], dtype=object)
+            out[column] = [trace.name_of(column, int(c)) for c in codes]
     return out
+
+
+def category_columns(trace: Trace) -> dict[str, pd.Series]:
+    """:func:`category_names` as object Series (None stays JSON null)."""
+    import pandas as pd
+
+    return {name: pd.Series(names, dtype=object) for name, names in category_names(trace).items()}
 
 
 def breakdown(result: ReplayResult, trace: Trace, column: str) -> pd.DataFrame:

@@ -7,7 +7,7 @@ from typing import Any, Iterator
 from kvsim.io.trace.columns import Trace
 from kvsim.outputs import is_jsonable
 from kvsim.drive.sequential import replay
-from kvsim.drive.metrics import breakdowns, per_request_frame, summarize
+from kvsim.drive.metrics import breakdowns, per_request_columns, summarize
 from kvsim.engines.options import SimOptions
 from kvsim.drive.result import ReplayResult
 
@@ -57,8 +57,8 @@ def simulation_json(trace: Trace, runs: dict[str, ReplayResult], options: SimOpt
 def per_request_rows(trace: Trace, runs: dict[str, ReplayResult]) -> Iterator[dict[str, Any]]:
     """One dict per request (per policy when several), in input order."""
     for name, r in runs.items():
-        frame = per_request_frame(r, trace)
-        for row in frame.to_dict(orient="records"):
-            if len(runs) > 1:
-                row = {"policy": name, **row}
-            yield row
+        columns = per_request_columns(r, trace)
+        keys = (["policy"] if len(runs) > 1 else []) + list(columns)
+        values = ([[name] * len(columns["index"])] if len(runs) > 1 else []) + list(columns.values())
+        for row in zip(*values):
+            yield dict(zip(keys, row))
