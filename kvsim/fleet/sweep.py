@@ -11,6 +11,7 @@ gaps, the load imbalance and, under load, ``concurrent_hit_rate``,
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -22,20 +23,15 @@ from kvsim.fleet.routers import ROUTERS
 
 def parse_replicas(text: str) -> list[int]:
     """'1,2,4,8' -> [1, 2, 4, 8]; each at least 1."""
+    from kvsim.sweep.grid import split_list
+
     out = []
-    for item in str(text).split(","):
-        item = item.strip()
-        if not item:
-            continue
-        try:
-            value = int(item)
-        except ValueError:
-            raise ConfigError(f"--replicas takes whole numbers, a comma list (got {item!r})") from None
-        if value < 1:
-            raise ConfigError(f"--replicas must be at least 1 (got {value})")
-        out.append(value)
-    if not out:
-        raise ConfigError("--replicas: empty list")
+    for item in split_list(text, "--replicas"):
+        if re.fullmatch(r"[-+]?\d+", item) is None:
+            raise ConfigError(f"--replicas takes whole numbers, a comma list (got {item!r})")
+        if int(item) < 1:
+            raise ConfigError(f"--replicas must be at least 1 (got {int(item)})")
+        out.append(int(item))
     return out
 
 
