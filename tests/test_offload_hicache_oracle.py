@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "oracle"))
 import offload_runs  # noqa: E402
-from offload_engine_jobs import kvsim_workload  # noqa: E402
+from offload_engine_jobs import kvsim_workload, step_replay  # noqa: E402
 
 from kvsim.engines.options import SimOptions  # noqa: E402
 from kvsim.engines.sglang.sequential import RadixFast, RadixReference  # noqa: E402
@@ -102,7 +102,6 @@ def test_step_clock_replay_equals_the_real_scheduler_per_request(real, model):
     """On the step clock (bursts of arrivals sharing batches, backups and load-backs acknowledged a
     step later, every write policy): per request cached_tokens, its host part and the first-token
     and finishing steps equal the real scheduler's."""
-    from kvsim.drive.clock import run_steps
     from kvsim.engines.sglang.hicache import HiCacheSchedSettings
     from kvsim.engines.sglang.scheduler import scheduler_settings
 
@@ -112,12 +111,7 @@ def test_step_clock_replay_equals_the_real_scheduler_per_request(real, model):
     for job, res in runs:
         s, _ = scheduler_settings(options(job, model), {"max_running_requests": job["max_running_requests"]})
         assert isinstance(s, HiCacheSchedSettings)
-        work = kvsim_workload(job["workload"])
-        prompts = [work.prompt_tokens[work.prompt_offsets[i]:work.prompt_offsets[i + 1]] for i in range(len(work))]
-        outputs = [work.output_tokens[work.output_offsets[i]:work.output_offsets[i + 1]] for i in range(len(work))]
-        engine = s.engine(prompts, outputs, loras=work.lora, salts=work.cache_salt)
-        run_steps(engine, np.load(job["workload"])["arrival"])
-        got, name = engine.result, Path(job["workload"]).name
+        got, name = step_replay(s, job["workload"]), Path(job["workload"]).name
         served = res["cached"] >= 0
         np.testing.assert_array_equal(got.rejected, ~served, err_msg=name)
         np.testing.assert_array_equal(got.cached_tokens[served], res["cached"][served], err_msg=name)

@@ -24,7 +24,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "oracle"))
 import offload_runs  # noqa: E402
-from offload_engine_jobs import kvsim_workload  # noqa: E402
+from offload_engine_jobs import kvsim_workload, step_replay  # noqa: E402
 
 from kvsim.engines.options import SimOptions  # noqa: E402
 from kvsim.engines.vllm.sequential import APCFast, APCReference  # noqa: E402
@@ -107,7 +107,6 @@ def test_step_clock_replay_equals_the_real_scheduler_per_request(real, model):
     """On the step clock (the engine jobs: bursts of arrivals, GPU pressure, preemption, loads
     deferred behind pending stores, sync and async scheduling): per request cached_tokens, its
     CPU part, the first-token and finishing steps and the preemptions equal the real scheduler's."""
-    from kvsim.drive.clock import run_steps
     from kvsim.engines.vllm.connector import OffloadSchedSettings
     from kvsim.engines.vllm.scheduler import scheduler_settings
 
@@ -123,12 +122,7 @@ def test_step_clock_replay_equals_the_real_scheduler_per_request(real, model):
                                             "max_num_seqs": job["max_num_seqs"],
                                             "async_scheduling": job["async_scheduling"]})
         assert isinstance(s, OffloadSchedSettings) and s.offload.native.num_chunks == res["counters"]["num_chunks"]
-        work = kvsim_workload(job["workload"])
-        prompts = [work.prompt_tokens[work.prompt_offsets[i]:work.prompt_offsets[i + 1]] for i in range(len(work))]
-        outputs = [work.output_tokens[work.output_offsets[i]:work.output_offsets[i + 1]] for i in range(len(work))]
-        engine = s.engine(prompts, outputs, loras=work.lora, salts=work.cache_salt)
-        run_steps(engine, np.load(job["workload"])["arrival"])
-        got, name = engine.result, Path(job["workload"]).name
+        got, name = step_replay(s, job["workload"]), Path(job["workload"]).name
         served = ~res["rejected"].astype(bool)
         np.testing.assert_array_equal(got.rejected, ~served, err_msg=name)
         np.testing.assert_array_equal(got.cached_tokens[served], (res["local"] + res["external"])[served], err_msg=name)

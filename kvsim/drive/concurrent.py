@@ -155,8 +155,8 @@ def engine_inputs(trace: Trace) -> dict[str, Any]:
     return {
         "prompts": [trace.prompt(i) for i in range(n)],
         "outputs": [out[off[i]:off[i + 1]] for i in range(n)],
-        "loras": [trace.name_of("lora", int(c)) for c in trace.lora],
-        "salts": [trace.name_of("cache_salt", int(c)) for c in trace.cache_salt],
+        "loras": trace.names("lora"),
+        "salts": trace.names("cache_salt"),
         "prompt_logprobs": np.asarray(trace.prompt_logprobs, bool),
         "logprob_starts": np.asarray(trace.logprob_start_len, np.int64),
     }

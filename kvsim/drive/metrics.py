@@ -138,7 +138,7 @@ def category_names(trace: Trace) -> dict[str, list]:
     for column in ("tenant", "cache_salt", "lora", "session"):
         codes = getattr(trace, column)
         if (codes != NONE).any():
-            out[column] = [trace.name_of(column, int(c)) for c in codes]
+            out[column] = trace.names(column)
     return out
 
 

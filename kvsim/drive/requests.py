@@ -56,7 +56,7 @@ def workload(trace: Trace) -> Workload:
     n = len(trace)
     return Workload(
         prompt_tokens=tokens, prompt_offsets=trace.offsets, output_tokens=out, output_offsets=out_off,
-        lora=[trace.name_of("lora", int(c)) for c in trace.lora],
-        cache_salt=[trace.name_of("cache_salt", int(c)) for c in trace.cache_salt],
+        lora=trace.names("lora"),
+        cache_salt=trace.names("cache_salt"),
         prompt_logprobs=trace.prompt_logprobs.astype(bool), logprob_start_len=trace.logprob_start_len,
         request_ids=[trace.request_id(i) for i in range(n)])

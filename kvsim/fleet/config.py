@@ -109,16 +109,6 @@ def log_seconds(trace) -> np.ndarray:
     return at - at.min()
 
 
-def _names(trace, column: str) -> list:
-    """Each request's name in a code column (None where it has none), one lookup per distinct code."""
-    codes = np.asarray(getattr(trace, column))
-    if not len(codes):
-        return []
-    distinct, inverse = np.unique(codes, return_inverse=True)
-    names = [trace.name_of(column, int(c)) for c in distinct]
-    return [names[k] for k in inverse.tolist()]
-
-
 class RouteRequests:
     """The log's requests as :class:`RouteRequest` objects, made when asked for (no text)."""
 
@@ -127,9 +117,9 @@ class RouteRequests:
         tokens = trace.require_tokens("a fleet")
         self.tokens, self.offsets = tokens, trace.offsets
         self.n = len(trace)
-        self.session = _names(trace, "session")
-        self.lora = _names(trace, "lora")
-        self.salt = [s or None for s in _names(trace, "cache_salt")]
+        self.session = trace.names("session")
+        self.lora = trace.names("lora")
+        self.salt = [s or None for s in trace.names("cache_salt")]
 
     def __len__(self) -> int:
         return self.n

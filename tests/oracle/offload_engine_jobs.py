@@ -110,3 +110,18 @@ def kvsim_workload(path: str, keep=None):
     return Workload(cat(prompts).astype(np.int64), off(prompts), cat(outputs).astype(np.int64), off(outputs),
                     [name(z["lora"][i]) for i in idx], [name(z["salt"][i]) for i in idx], np.zeros(len(idx), bool),
                     np.full(len(idx), -1, np.int64), [str(i) for i in idx])
+
+
+def step_replay(settings, path: str):
+    """The driver workload at ``path`` through ``settings``' scheduler engine on the step clock,
+    arriving as logged; the engine's result."""
+    import numpy as np
+
+    from kvsim.drive.clock import run_steps
+
+    work = kvsim_workload(path)
+    prompts = [work.prompt_tokens[work.prompt_offsets[i]:work.prompt_offsets[i + 1]] for i in range(len(work))]
+    outputs = [work.output_tokens[work.output_offsets[i]:work.output_offsets[i + 1]] for i in range(len(work))]
+    engine = settings.engine(prompts, outputs, loras=work.lora, salts=work.cache_salt)
+    run_steps(engine, np.load(path)["arrival"])
+    return engine.result

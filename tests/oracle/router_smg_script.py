@@ -73,19 +73,10 @@ def loaded(seed: int, requests: int = 40) -> dict[str, Any]:
     in-flight counts drive the spill gate and the least-loaded choice on a miss."""
     rng = random.Random(seed)
     n = rng.randint(2, 5)
-    ops: list[dict[str, Any]] = []
-    open_: list[str] = []
     hot = _tokens(rng, 120)
-    for i, t in enumerate(workload(rng, requests)):
-        if rng.random() < 0.4:
-            t = hot + _tokens(rng, rng.randint(1, 40))     # one hot prefix piles up on its owner
-        rid = f"l{seed}r{i}"
-        ops.append({"op": "send", "rid": rid, "tokens": t, "text": text_of(t), "hold": True})
-        open_.append(rid)
-        while open_ and (len(open_) > 14 or rng.random() < 0.3):
-            ops.append({"op": "release", "rid": open_.pop(rng.randrange(len(open_)))})
-    ops += [{"op": "release", "rid": rid} for rid in open_]
-    return {"package": "smg", "workers": n, "ops": ops, "args": GATEWAY_ARGS}
+    prompts = (hot + _tokens(rng, rng.randint(1, 40)) if rng.random() < 0.4 else t   # a hot prefix piles up
+               for t in workload(rng, requests))
+    return {"package": "smg", "workers": n, "ops": _held(rng, f"l{seed}r", prompts, 14, 0.3), "args": GATEWAY_ARGS}
 
 
 def hot(seed: int, requests: int = 36) -> dict[str, Any]:
@@ -94,17 +85,22 @@ def hot(seed: int, requests: int = 36) -> dict[str, Any]:
     rng = random.Random(seed)
     n = rng.randint(2, 4)
     prefix = _tokens(rng, 150)
+    prompts = (prefix + _tokens(rng, rng.randint(1, 30)) if rng.random() < 0.85 else _tokens(rng, 60)
+               for _ in range(requests))
+    return {"package": "smg", "workers": n, "ops": _held(rng, f"h{seed}r", prompts, 24, 0.15), "args": GATEWAY_ARGS}
+
+
+def _held(rng: random.Random, rid: str, prompts, most_open: int, release: float) -> list[dict[str, Any]]:
+    """Each prompt sent and held open; after each send, open requests released at random
+    (chance ``release``, and always above ``most_open``); the rest released at the end."""
     ops: list[dict[str, Any]] = []
     open_: list[str] = []
-    for i in range(requests):
-        t = prefix + _tokens(rng, rng.randint(1, 30)) if rng.random() < 0.85 else _tokens(rng, 60)
-        rid = f"h{seed}r{i}"
-        ops.append({"op": "send", "rid": rid, "tokens": t, "text": text_of(t), "hold": True})
-        open_.append(rid)
-        while open_ and (len(open_) > 24 or rng.random() < 0.15):
+    for i, t in enumerate(prompts):
+        ops.append({"op": "send", "rid": f"{rid}{i}", "tokens": t, "text": text_of(t), "hold": True})
+        open_.append(f"{rid}{i}")
+        while open_ and (len(open_) > most_open or rng.random() < release):
             ops.append({"op": "release", "rid": open_.pop(rng.randrange(len(open_)))})
-    ops += [{"op": "release", "rid": rid} for rid in open_]
-    return {"package": "smg", "workers": n, "ops": ops, "args": GATEWAY_ARGS}
+    return ops + [{"op": "release", "rid": r} for r in open_]
 
 
 def spill_band(router: CacheAware, w: int, load: list[int]) -> str:

@@ -8,6 +8,7 @@ meaning "none". A trace read from a length-only source (the Azure CSV traces) ha
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -134,9 +135,17 @@ class Trace:
         return str(i) if self.request_ids is None else str(self.request_ids[i])
 
     def name_of(self, column: str, code: int) -> str | None:
-        names = {"tenant": self.tenant_names, "cache_salt": self.salt_names,
-                 "lora": self.lora_names, "session": self.session_names}[column]
-        return None if code == NONE else names[code]
+        return None if code == NONE else self._name_table(column)[code]
+
+    def names(self, column: str) -> list[str | None]:
+        """Each request's name in a code column (tenant, cache_salt, lora, session); None where
+        it has none."""
+        table = self._name_table(column)
+        return [None if c == NONE else table[c] for c in getattr(self, column).tolist()]
+
+    def _name_table(self, column: str) -> Sequence[str]:
+        return {"tenant": self.tenant_names, "cache_salt": self.salt_names,
+                "lora": self.lora_names, "session": self.session_names}[column]
 
     # -- construction -----------------------------------------------------------------
     @classmethod
