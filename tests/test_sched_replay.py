@@ -208,3 +208,66 @@ def test_decode_steps_in_bulk_equal_step_by_step(name, monkeypatch):
     else:
         assert fast.cache.tree.paths() == slow.cache.tree.paths()
         assert fast.cache.available_size == slow.cache.available_size
+
+
+TIMED_CASES = {k: v for k, v in BULK_CASES.items() if k.startswith("vllm")}
+
+
+@pytest.mark.parametrize("name", sorted(TIMED_CASES))
+@pytest.mark.parametrize("load", [0.2, 5.0], ids=["light", "heavy"])
+def test_timed_decode_runs_equal_step_by_step(name, load):
+    """On the timed clock the bulk-decode shortcut keeps only the steps that start before the next
+    release: the same results and the same timeline, second for second, as one step at a time."""
+    from kvsim.drive.clock import Releases, run
+    from kvsim.drive.step_cost import step_cost
+    from kvsim.drive.timed import make_engine
+
+    w = random_workload(7, SchedMix(n=150, output_len=(20, 150), burst=(1, 8), gap=20.0))
+    cost = step_cost("llama-3-8b", "H100-80GB")
+    arrivals = np.asarray(w.arrival, np.float64) * 0.01 / load        # seconds: bursts between decode runs
+
+    def replay(bulk: bool, arrivals):
+        engine = make_engine(TIMED_CASES[name], w.prompts, w.outputs)
+        taken = []              # (first step, steps) of each bulk run
+        original = engine.fast_forward
+        engine.fast_forward = (lambda step, horizon: taken.append((step, original(step, horizon))) or taken[-1][1]) \
+            if bulk else (lambda step, horizon: 0)
+        steps, line = run(engine, Releases.logged(arrivals), cost)
+        return engine, steps, line, [t for t in taken if t[1]]
+
+    _, _, line, runs = replay(True, arrivals)
+    # the last request released exactly when the third step of a long bulk run starts: that
+    # step must first take it (the timeline up to then is the same, so the time is exact)
+    first, _ = next(t for t in runs if t[1] >= 3 and line.step_start[t[0] + 2] < arrivals[-1])
+    arrivals = arrivals.copy()
+    arrivals[-1] = line.step_start[first + 2]
+    (slow, slow_steps, slow_line, _), (fast, fast_steps, fast_line, runs) = replay(False, arrivals), \
+        replay(True, arrivals)
+    assert sum(k for _, k in runs) > 100       # the shortcut really ran
+    assert fast_steps == slow_steps
+    for field in ("cached_tokens", "first_token_step", "finish_step", "preemptions", "output_tokens"):
+        np.testing.assert_array_equal(getattr(fast.result, field), getattr(slow.result, field))
+    assert fast_line.step_start == slow_line.step_start and fast_line.step_end == slow_line.step_end
+    for field in ("released", "first_scheduled", "prefill_tokens", "decode_tokens"):
+        np.testing.assert_array_equal(getattr(fast_line, field), getattr(slow_line, field))
+    caches = [e.scheduler.cache for e in (slow, fast)]
+    assert caches[0].free_block_ids() == caches[1].free_block_ids()
+
+
+@pytest.mark.parametrize("calibrated", [False, True], ids=["roofline", "calibration"])
+def test_decode_run_seconds_equal_each_step_bit_for_bit(calibrated, tmp_path):
+    """A decode run's step times, computed at once, are the floats ``seconds`` gives step by step."""
+    from kvsim.drive.step_cost import CalibratedStepCost, decode_run_seconds, step_cost
+    from kvsim.costs.calibration import Calibration
+
+    if calibrated:
+        cost = CalibratedStepCost(Calibration(device="H100", model="tiny", dtype="bfloat16", fixed_s=3.1e-4,
+                                              per_token_s=7.3e-8, per_context_token_s=1.9e-12))
+    else:
+        cost = step_cost("llama-3-70b", "H200")
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        context = rng.integers(0, 1 << int(rng.integers(4, 30)), int(rng.integers(1, 300))).tolist()
+        k = int(rng.integers(1, 60))
+        each = [cost.seconds([1] * len(context), [c + j for c in context]) for j in range(k)]
+        assert decode_run_seconds(cost, context, k) == each

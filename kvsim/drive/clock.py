@@ -16,6 +16,7 @@ think time (the logged gap between the two turns).
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -133,6 +134,8 @@ def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> 
         line.prefill_tokens = np.zeros(n, np.int64)
         line.decode_tokens = np.zeros(n, np.int64)
         batch = []
+        decode_run = []         # the steps of a fast-forwarded decode run: (requests, step seconds)
+        from kvsim.drive.step_cost import decode_run_seconds
 
         def on_batch(step, reqs, new, context, decode, load_s=0.0, overlap=True):
             # an offload tier's load in this step: overlapped with the compute or before it
@@ -146,6 +149,20 @@ def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> 
                 else:
                     line.prefill_tokens[i] += k
         engine.on_batch = on_batch
+
+        def on_decode_run(k, reqs, context):
+            # keep the steps that start before the next release: one starting at or after it
+            # would first take the released request (docs/engines/vllm-scheduler.md §4.4)
+            limit = pending[0][0] if pending else math.inf
+            seconds = decode_run_seconds(cost, context, k)
+            kept, t = 1, now + seconds[0]
+            while kept < k and t < limit:
+                t += seconds[kept]
+                kept += 1
+            decode_run[:] = [reqs, seconds[:kept]]
+            return kept
+        if hasattr(engine, "on_decode_run"):
+            engine.on_decode_run = on_decode_run
 
     def release_followers(i: int, when) -> None:
         for j in followers.pop(i, ()):
@@ -174,6 +191,15 @@ def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> 
                 now += taken
                 step += taken
                 continue
+        elif timed and getattr(engine, "on_decode_run", None) is not None and engine.fast_forward(step, 1 << 62):
+            reqs, seconds = decode_run
+            for s in seconds:
+                line.step_start.append(now)
+                now += s
+                line.step_end.append(now)
+            step += len(seconds)
+            line.decode_tokens[reqs] += len(seconds)
+            continue
         if engine.step(step if timed else now):
             if timed:
                 line.step_start.append(now)

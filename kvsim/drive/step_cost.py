@@ -72,6 +72,19 @@ class RooflineStepCost:
         nbytes = k[3] + k[4] * (sum(context) + 2 * new)
         return max(flops / k[5], nbytes / k[6])
 
+    def decode_run_seconds(self, context, k: int) -> list[float]:
+        """The seconds of ``k`` decode steps of one batch: in step j request r computes one token
+        after ``context[r] + j``. Bit for bit what :meth:`seconds` gives step by step: the sums are
+        integers (exact in float64), the products and quotients the same IEEE operations."""
+        bs = len(context)
+        if bs == 0:
+            return [0.0] * k
+        k0, k1, k2, k3, k4, k5, k6 = self._constants
+        total = np.int64(sum(context)) + bs * np.arange(k, dtype=np.int64)     # sum of contexts, per step
+        flops = k0 * bs + k1 * (total + bs).astype(np.float64) + k2 * bs        # pairs: c + 1 per request
+        nbytes = k3 + k4 * (total + 2 * bs)
+        return np.maximum(flops / k5, nbytes / k6).tolist()
+
     @cached_property
     def _constants(self) -> tuple[float, ...]:
         m, d = self.model, self.device
@@ -96,9 +109,28 @@ class CalibratedStepCost:
         new, ctx = np.asarray(new_tokens, np.float64), np.asarray(context, np.float64)
         return float(c.fixed_s + c.per_token_s * new.sum() + c.per_context_token_s * attention_pairs(new, ctx).sum())
 
+    def decode_run_seconds(self, context, k: int) -> list[float]:
+        """``k`` decode steps at once, bit for bit as :meth:`seconds` step by step (see the roofline's)."""
+        bs = len(context)
+        if bs == 0:
+            return [0.0] * k
+        c = self.calibration
+        pairs = (np.int64(sum(context)) + bs * np.arange(k, dtype=np.int64) + bs).astype(np.float64)
+        return (c.fixed_s + c.per_token_s * float(bs) + c.per_context_token_s * pairs).tolist()
+
     def describe(self) -> str:
         c = self.calibration
         return f"calibration of {c.model} on {c.device}"
+
+
+def decode_run_seconds(cost, context, k: int) -> list[float]:
+    """Seconds of ``k`` decode steps of a batch whose requests start after ``context`` tokens
+    (each step one new token each): the model's own bulk form, else step by step."""
+    bulk = getattr(cost, "decode_run_seconds", None)
+    if bulk is not None:
+        return bulk(context, k)
+    ones = [1] * len(context)
+    return [cost.seconds(ones, [c + j for c in context]) for j in range(k)]
 
 
 def step_cost(model: str | None = None, gpu: str | None = None, calibration: str | None = None):

@@ -466,6 +466,7 @@ class VllmEngine:
         self.result = StepResult.empty("vllm", len(prompts))
         self.queue: deque[StepPlan] = deque()
         self.on_batch = None        # on_batch(step, requests, new tokens, context, decode?): timed replay
+        self.on_decode_run = None   # on_decode_run(steps, requests, context) -> steps kept: timed fast_forward
 
     def fits_ever(self, index: int) -> bool:
         """kvsim's rejection rule: the request's peak blocks fit an empty cache (§1)."""
@@ -503,11 +504,12 @@ class VllmEngine:
         Steps in which every running request decodes one token, nobody can be admitted
         (nobody waits, or the running or token limit is reached), nobody finishes and the
         free blocks cover every new block are applied together, with the same pool
-        operations in the same order as step by step (§4.4).
+        operations in the same order as step by step (§4.4). On the timed clock
+        (``on_decode_run`` set) the clock says how many of them start before the next release.
         """
         s, sched = self.settings, self.scheduler
         running = sched.running
-        if self.on_batch is not None or horizon < 2 or not running:
+        if horizon < 2 or not running or (self.on_batch is not None and self.on_decode_run is None):
             return 0
         bs = len(running)
         if bs > s.max_num_batched_tokens:
@@ -535,6 +537,9 @@ class VllmEngine:
         free = cache.num_free_blocks
         while k >= 2 and sum(cache.block_openings(c, k, s.block_size) for c in computed) > free:
             k -= 1
+        if k >= 2 and self.on_decode_run is not None:
+            # timed: the clock keeps the steps that start before the next release (§4.4)
+            k = self.on_decode_run(k, [r.index for r in running], computed)
         if k < 2:
             return 0
         for r, c in zip(running, computed):
