@@ -197,3 +197,36 @@ def test_each_replica_runs_as_it_would_alone(trace, policy, mode):
             assert np.array_equal(getattr(fleet.steps, k)[idx], getattr(alone.steps, k)), (r, k)
         if mode == "timed":
             assert np.allclose(fleet.timed.ttft[idx], alone.timed.ttft, equal_nan=True)
+
+
+@pytest.mark.parametrize("router", ["round_robin", "least_load", "cache_aware", "dynamo"])
+@pytest.mark.parametrize("arrivals", ["logged", "closed-loop"])
+def test_timed_decode_runs_in_a_fleet_equal_step_by_step(router, arrivals, monkeypatch):
+    """The timed fleet takes decode-only stretches in bulk, cut before the next arrival (and, closed
+    loop, before another busy replica's next step): the same routes, steps and seconds as one step
+    at a time."""
+    from kvsim.engines.vllm.scheduler import VllmEngine
+
+    rng = np.random.default_rng(11)
+    base = workload(11, n=160)
+    outputs = [rng.integers(0, 400, rng.integers(20, 160)) for _ in range(len(base))]
+    t = Trace.from_prompts([base.prompt(i) for i in range(len(base))], outputs=outputs,
+                           arrival=np.sort(rng.uniform(0, 3, len(base))),
+                           sessions=[f"s{rng.integers(0, 30)}" for _ in range(len(base))])
+    opts, mode = SimOptions(capacity_tokens=2500, **TIMED), ReplayMode("timed", arrivals=arrivals)
+    original, taken = VllmEngine.fast_forward, []
+
+    def counted(self, step, horizon):
+        taken.append(original(self, step, horizon))
+        return taken[-1]
+    monkeypatch.setattr(VllmEngine, "fast_forward", counted)
+    bulk = run_fleet_concurrent(t, ["apc"], opts, mode, FleetSpec(3, router))["apc"]
+    assert sum(taken) > 200                    # the shortcut really ran
+    monkeypatch.setattr(VllmEngine, "fast_forward", lambda self, step, horizon: 0)
+    slow = run_fleet_concurrent(t, ["apc"], opts, mode, FleetSpec(3, router))["apc"]
+    assert same_steps(bulk.steps, slow.steps)
+    assert np.array_equal(bulk.replica, slow.replica) and np.array_equal(bulk.released, slow.released)
+    for a, b in ((bulk.timed, slow.timed), (bulk.uncached, slow.uncached)):
+        for k in ("ttft", "e2e", "queueing", "prefill_tokens", "decode_tokens"):
+            assert np.array_equal(getattr(a, k), getattr(b, k), equal_nan=True), k
+        assert a.busy_s == b.busy_s and a.makespan_s == b.makespan_s

@@ -14,9 +14,10 @@ loop advances them:
    there until that replica's next turn.
 3. A replica's turn is one turn of :func:`kvsim.drive.clock.run`'s loop on its own clock:
    an idle replica jumps to its first routed request; it takes the requests routed to it by
-   now, then one step (or, in ``steps``, a stretch that only decodes: ``fast_forward``, up
-   to the next arrival and, with closed-loop sessions, to the end of another busy
-   replica's step, whose finishing reply could release a session's next turn).
+   now, then one step (or a stretch that only decodes: ``fast_forward``, up to the next
+   arrival and, with closed-loop sessions, to the end of another busy replica's step, whose
+   finishing reply could release a session's next turn; in ``timed``, the steps of the
+   stretch that start before those).
 4. After the turn the router hears what happened on that replica: ``prefill_done`` at a
    request's first token, ``finished`` at its end (a rejected request at once), and, for
    routers fed by engine events, the replica's KV events.
@@ -118,6 +119,31 @@ def run_fleet(engines: Sequence, router: Router, requests: RouteRequests, releas
             return on_batch
         for r, e in enumerate(engines):
             e.on_batch = batch_hook(r)
+        from kvsim.drive.step_cost import decode_run_seconds
+
+        decode_run: list = []       # the steps of a fast-forwarded decode run: (requests, step seconds)
+
+        def run_hook(r: int):
+            mine = local[r]
+
+            def on_decode_run(k, reqs, context):
+                # keep the steps that start before the next arrival at the router or at this replica
+                # and, with closed-loop sessions, before another busy replica's next step (whose
+                # finishing reply could release a session's next turn)
+                limit = min(pending[0][0] if pending else math.inf, mine[0][0] if mine else math.inf)
+                if followers:
+                    limit = min([limit] + [clock[q] for q in range(N) if q != r and engines[q].has_work()])
+                seconds = decode_run_seconds(cost, context, k)
+                kept, t = 1, now_of[r] + seconds[0]
+                while kept < k and t < limit:
+                    t += seconds[kept]
+                    kept += 1
+                decode_run[:] = [reqs, seconds[:kept]]
+                return kept
+            return on_decode_run
+        for r, e in enumerate(engines):
+            if hasattr(e, "on_decode_run"):
+                e.on_decode_run = run_hook(r)
 
     def seconds(t) -> float:
         return float(t) if timed else float(t) * unit
@@ -222,6 +248,18 @@ def run_fleet(engines: Sequence, router: Router, requests: RouteRequests, releas
                 steps[r] += taken
                 after_turn(r)
                 continue
+        elif timed and getattr(e, "on_decode_run", None) is not None and ff[r](steps[r], 1 << 62):
+            reqs, secs = decode_run
+            starts, ends = lines[r].step_start, lines[r].step_end
+            for sec in secs:
+                starts.append(now)
+                now += sec
+                ends.append(now)
+            clock[r] = now
+            steps[r] += len(secs)
+            line.decode_tokens[reqs] += len(secs)
+            after_turn(r)
+            continue
         if e.step(steps[r] if timed else now):
             if timed:
                 lines[r].step_start.append(now)
