@@ -230,3 +230,63 @@ def test_timed_decode_runs_in_a_fleet_equal_step_by_step(router, arrivals, monke
         for k in ("ttft", "e2e", "queueing", "prefill_tokens", "decode_tokens"):
             assert np.array_equal(getattr(a, k), getattr(b, k), equal_nan=True), k
         assert a.busy_s == b.busy_s and a.makespan_s == b.makespan_s
+
+
+def namespaced(seed: int, n: int = 150) -> Trace:
+    """Shared prefixes under LoRA adapters and cache salts (some requests without), long replies,
+    prompt-logprob requests: namespaces, evictions and preemptions for an event-fed router."""
+    rng = np.random.default_rng(seed)
+    base = workload(seed, n=n, vocab=80)
+    pick = lambda *names: [names[i] for i in rng.integers(0, len(names), n)]   # noqa: E731
+    return Trace.from_prompts([base.prompt(i) for i in range(n)],
+                              outputs=[rng.integers(0, 80, rng.integers(4, 90)) for _ in range(n)],
+                              arrival=np.sort(rng.uniform(0, 0.3, n)), arrival_step=np.sort(rng.integers(0, 60, n)),
+                              loras=pick(None, None, "a", "b"), cache_salts=pick(None, None, "", "t1"),
+                              prompt_logprobs=list(rng.random(n) < 0.1))
+
+
+@pytest.mark.parametrize("mode", ["steps", "timed"])
+@pytest.mark.parametrize("seed", range(3))
+def test_dynamo_reading_the_pools_equals_being_fed_their_events(mode, seed, monkeypatch):
+    """Dynamo's event-fed index read straight from the replicas' compiled pools: the same routes,
+    steps and latencies as the router fed their BlockStored / BlockRemoved."""
+    t = namespaced(seed)
+    opts = SimOptions(capacity_tokens=900, **(TIMED if mode == "timed" else {}))
+    fleet = FleetSpec(3, "dynamo")
+    read = run_fleet_concurrent(t, ["apc"], opts, ReplayMode(mode), fleet)["apc"]
+    assert read.router.devices is not None
+    monkeypatch.setattr("kvsim.engines.vllm.events.reads_devices", lambda settings: False)
+    fed = run_fleet_concurrent(t, ["apc"], opts, ReplayMode(mode), fleet)["apc"]
+    assert fed.router.devices is None and fed.steps.preemptions.sum() > 0
+    assert same_steps(read.steps, fed.steps)
+    assert np.array_equal(read.replica, fed.replica) and len(set(read.replica.tolist())) == 3
+    if mode == "timed":
+        for k in ("ttft", "e2e", "queueing"):
+            assert np.array_equal(getattr(read.timed, k), getattr(fed.timed, k), equal_nan=True), k
+
+
+def test_dynamo_fed_events_under_load_holds_exactly_the_pools_keys(monkeypatch):
+    """Why the pools can be read instead: at every routing decision of a loaded fleet, the index
+    built from each replica's events holds exactly the hashes cached in that replica's pool."""
+    from kvsim.fleet.routers.dynamo import DynamoRouter
+
+    monkeypatch.setattr("kvsim.engines.vllm.events.reads_devices", lambda settings: False)
+    checks = []
+    route = DynamoRouter.route
+
+    def checked_route(self, req, loads, now):
+        for r, engine in enumerate(engines):
+            pool = engine.scheduler.cache.pool
+            cached = {b.block_hash for b in pool.blocks if b.block_hash is not None}
+            emap = self.engine_keys[r]
+            assert set(emap) == cached and set(self.device[r]) == {emap[h] for h in cached}
+            checks.append(len(cached))
+        return route(self, req, loads, now)
+    monkeypatch.setattr(DynamoRouter, "route", checked_route)
+    import kvsim.fleet.concurrent as fc
+    engines = []
+    make = fc.make_engine
+    monkeypatch.setattr(fc, "make_engine", lambda *a, **k: engines.append(make(*a, **k)) or engines[-1])
+    run = run_fleet_concurrent(namespaced(5), ["apc"], SimOptions(capacity_tokens=900), ReplayMode("steps"),
+                               FleetSpec(3, "dynamo"), with_bounds=False)["apc"]
+    assert run.steps.preemptions.sum() > 0 and sum(checks) > 1000

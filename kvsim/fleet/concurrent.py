@@ -4,7 +4,9 @@ Per policy: N scheduler models, each configured as ``--replay steps|timed`` conf
 engine today (:func:`kvsim.drive.concurrent.scheduler_settings`: capacity and scheduler
 limits per replica), behind a fresh router, on the fleet clock (:mod:`kvsim.fleet.clock`).
 A router fed by engine events gets engines that publish them (``EngineSpec.kv_events``:
-vLLM's readable KV-cache manager, SGLang's tree as it is). Timed: TTFT and end-to-end
+vLLM's readable KV-cache manager, SGLang's tree as it is), or, where what the events would
+leave can be read from the replicas exactly (Dynamo's index over vLLM's compiled pools,
+``read_devices``), the compiled engines without events. Timed: TTFT and end-to-end
 latency per request from its replica's timeline, and the same fleet (a fresh router)
 without prefix caching for the time the cache saves. The result is a
 :class:`~kvsim.drive.concurrent.ConcurrentRun`, so the single-engine summary, rows and
@@ -68,12 +70,16 @@ def fleet_replay_once(spec, settings, fleet: FleetSpec, options: SimOptions, tra
                       progress: Callable[[int], None] | None = None) -> tuple[StepResult, FleetTimeline, Router]:
     """One pass of the fleet clock over fresh replicas and a fresh router."""
     router = checked_router(fleet, spec, options, trace)
-    drains = None
+    drains = reads = None
     if router.needs_events:
         kv = spec.kv_events()
-        settings = kv.scheduler_settings(settings)
+        reads = hasattr(router, "read_devices") and getattr(kv, "reads_devices", lambda s: False)(settings)
+        if not reads:
+            settings = kv.scheduler_settings(settings)
     engines = [make_engine(settings, **inputs) for _ in range(fleet.replicas)]
-    if router.needs_events:
+    if reads:                           # the index the events would build, read from the pools
+        router.read_devices(kv.device_blocks(engines))
+    elif router.needs_events:
         drains = [kv.record(e) for e in engines]
     result, line = run_fleet(engines, router, requests, releases, cost, mode.step_seconds, drains, progress)
     result.steps = max(line.clocks) if cost is None else sum(line.steps)

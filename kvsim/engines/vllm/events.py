@@ -15,7 +15,10 @@ needs besides, on the readable manager only (the compiled one records nothing):
 - :func:`sequential` is a sequential cache that serves one request at a time with events,
   the same life as :class:`~kvsim.engines.vllm.sequential.APCReference` (its decode steps
   in one call, as the serve adapter does), an unlimited pool growing as it must;
-- :func:`scheduler_settings` are scheduler settings whose engine drives the readable manager.
+- :func:`scheduler_settings` are scheduler settings whose engine drives the readable manager;
+- :func:`device_blocks` reads what Dynamo's event-fed index would hold straight from the
+  compiled pools, when that is exact (:class:`DeviceBlocks`), so that such a fleet runs on the
+  compiled manager without events.
 """
 from __future__ import annotations
 
@@ -117,3 +120,40 @@ def sequential(spec, settings) -> _EventSequential:
 def scheduler_settings(settings):
     """Scheduler settings whose engine drives the readable manager (which records events)."""
     return dataclasses.replace(settings, implementation="reference")
+
+
+class DeviceBlocks:
+    """A replica's device blocks as an index fed by its events holds them, read from its compiled pool.
+
+    Dynamo's index applies a replica's ``BlockStored`` / ``BlockRemoved`` after each of the
+    replica's turns and keeps a key while some block holds it (copies counted). vLLM's pool
+    registers every block of a running request, so a stored chain never continues a parent
+    the index lacks, and at every routing decision the index holds exactly the keys cached in
+    the pool (``docs/engines/routers.md §3.1``): a request's consecutive prefix blocks there are
+    the pool's own lookup, without the last-token cap. Keys are the pool's (the fast hash), one
+    per namespace and token prefix, as the router's own keys are.
+    """
+
+    def __init__(self, manager) -> None:
+        self.manager = manager
+
+    def keys(self, tokens: np.ndarray, lora: str | None, cache_salt: str | None) -> np.ndarray:
+        """The pool's keys of the full blocks of a prompt (uint64)."""
+        return self.manager.prompt_keys(tokens, lora, cache_salt)
+
+    def prefix_blocks(self, keys: np.ndarray) -> int:
+        """How many leading ``keys`` the pool holds."""
+        return self.manager.held_prefix(keys)
+
+
+def reads_devices(settings) -> bool:
+    """Whether engines of these scheduler settings offer :class:`DeviceBlocks`: the compiled
+    manager with the fast hash (vLLM's exact digests are numbered per pool) and no offload
+    tier (whose CPU copies an index hears of by events)."""
+    return settings.implementation == "fast" and settings.hash_algo == "fast" \
+        and getattr(settings, "offload", None) is None
+
+
+def device_blocks(engines) -> list[DeviceBlocks]:
+    """Each engine's :class:`DeviceBlocks` (engines whose settings pass :func:`reads_devices`)."""
+    return [DeviceBlocks(e.scheduler.cache) for e in engines]

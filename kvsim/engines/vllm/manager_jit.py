@@ -563,6 +563,23 @@ class JitKVCacheManager:
         """A finished request: its regions may be reused."""
         self._live.pop(id(seq), None)
 
+    # -- what a router reads (kvsim.engines.vllm.events.DeviceBlocks) ------------------
+    def prompt_keys(self, tokens: np.ndarray, lora: str | None = None, cache_salt: str | None = None) -> np.ndarray:
+        """The keys this pool gives the full blocks of ``tokens`` (the fast hash)."""
+        B = self.block_size
+        every, first = self.hasher.fast_namespace_keys(lora, cache_salt)
+        out = np.zeros(len(tokens) // B, np.uint64)
+        fast_hash_sequence(np.asarray(tokens), 0, len(out), B, np.uint64(hashing.FAST_ROOT), np.uint64(every),
+                           np.uint64(first), out)
+        return out
+
+    def held_prefix(self, keys: np.ndarray) -> int:
+        """How many leading ``keys`` are cached in the pool (no last-token cap)."""
+        if len(self._hits) < len(keys):
+            self._hits = np.zeros(2 * len(keys), np.int32)
+        p = self.pool
+        return int(lookup(p.tkeys, p.theads, keys, 0, len(keys), self._hits))
+
     # -- the manager's operations ------------------------------------------------------
     def lookup(self, seq: JitSequence) -> tuple[np.ndarray, int]:
         """``get_computed_blocks``: cached full blocks, at most ``num_tokens - 1`` tokens."""

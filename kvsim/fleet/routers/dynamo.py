@@ -13,13 +13,18 @@ Re-stated in ``docs/engines/routers.md §3``. A request's life in the router:
    ``router_ttl_secs`` later (``docs/engines/routers.md §3.2``).
 3. ``prefill_done`` drops the prefill tokens; ``finished`` drops the request.
 4. In events mode ``kv_event`` keeps each replica's device blocks: keys computed from the
-   event's tokens under its parent, removals through the engine-hash map.
+   event's tokens under its parent, removals through the engine-hash map. Where the replicas
+   can say exactly what those events would leave (``read_devices``: vLLM's compiled pools,
+   ``kvsim.engines.vllm.events.DeviceBlocks``) the router reads them instead, keyed by the
+   pools' own keys.
 """
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from kvsim.fleet.base import ReplicaLoad, RouteRequest, Router
 from kvsim.fleet.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
@@ -73,18 +78,33 @@ class DynamoRouter(Router):
         self.active_blocks: list[Counter[int]] = [Counter() for _ in range(n)]
         self.active_requests = [0] * n
         self.bookings: dict[str, _Booking] = {}
-        self._memo: tuple[int, str, list[int]] | None = None
+        self._memo: tuple | None = None     # (index, id, keys[, keys as an array]) of the request at hand
         self._routes = 0
+        self.devices = None         # events mode: the replicas' device blocks, read directly
+
+    def read_devices(self, devices) -> None:
+        """Read each replica's device blocks from ``devices`` (``DeviceBlocks``: what this router's
+        index would hold from the replica's events, exactly) instead of being fed the events."""
+        if self.settings.mode == "events":
+            self.devices = devices
 
     # -- the index ------------------------------------------------------------------------
     def _keys(self, req: RouteRequest) -> list[int]:
         if self._memo is None or self._memo[0] != req.index or self._memo[1] != req.request_id:
-            self._memo = (req.index, req.request_id, block_keys(req.tokens, self.block_size, req.namespace))
+            if self.devices is not None:    # the pools' keys: one per namespace and token prefix
+                keys = self.devices[0].keys(req.tokens, req.lora, req.cache_salt)
+                self._memo = (req.index, req.request_id, keys.tolist(), keys)
+            else:
+                self._memo = (req.index, req.request_id, block_keys(req.tokens, self.block_size, req.namespace))
         return self._memo[2]
 
     def overlap(self, keys: Sequence[int], replica: int, now: float) -> int:
         """Consecutive prefix blocks of ``keys`` on ``replica``'s device tier."""
         n = 0
+        if self.devices is not None:
+            memo = self._memo
+            array = memo[3] if memo is not None and memo[2] is keys else np.asarray(keys, np.uint64)
+            return self.devices[replica].prefix_blocks(array)
         if self.settings.mode == "events":
             held = self.device[replica]
             for k in keys:
@@ -112,7 +132,7 @@ class DynamoRouter(Router):
             raw = (self.active_prefill[w] + len(req.tokens)) / bs
             adjusted = max(raw - s.overlap_score_credit * dev, 0.0)
             active = self.active_blocks[w]
-            decode = len(active) + sum(1 for k in keys if k not in active)   # shared blocks count once
+            decode = len(active) + len(keys) - sum(map(active.__contains__, keys))   # shared blocks count once
             out.append(s.prefill_load_scale * adjusted + decode
                        + s.decode_active_request_weight * self.active_requests[w])
         return out
@@ -158,9 +178,11 @@ class DynamoRouter(Router):
             return
         self.active_prefill[b.replica] -= b.prefill_tokens
         active = self.active_blocks[b.replica]
-        active.subtract(b.keys)
         for k in b.keys:
-            if active[k] <= 0:
+            left = active[k] - 1
+            if left > 0:
+                active[k] = left
+            else:
                 del active[k]
         self.active_requests[b.replica] -= 1
 
