@@ -75,7 +75,7 @@ class DynamoRouter(Router):
         self.engine_keys: list[dict[int, int]] = [{} for _ in range(n)]   # engine hash -> key
         self.expiry: list[dict[int, float]] = [{} for _ in range(n)]      # approx mode
         self.active_prefill = [0] * n
-        self.active_blocks: list[Counter[int]] = [Counter() for _ in range(n)]
+        self.active_blocks: list[dict[int, int]] = [{} for _ in range(n)]    # key -> booked requests
         self.active_requests = [0] * n
         self.bookings: dict[str, _Booking] = {}
         self._memo: tuple | None = None     # (index, id, keys[, keys as an array]) of the request at hand
@@ -148,7 +148,9 @@ class DynamoRouter(Router):
         prefill = max(len(req.tokens) - dev * self.block_size, 0)
         self.bookings[req.request_id] = _Booking(replica, prefill, keys)
         self.active_prefill[replica] += prefill
-        self.active_blocks[replica].update(keys)
+        active = self.active_blocks[replica]
+        for k in keys:
+            active[k] = active.get(k, 0) + 1
         self.active_requests[replica] += 1
         if self.settings.mode == "approx":
             exp = self.expiry[replica]
