@@ -11,7 +11,11 @@ Dynamo's KV router (kvsim: ``--router dynamo``):
   oracle venv (``make oracle``), its mocker's own step timing;
 - kvsim: ``kvsim simulate TRACE --format mooncake --replay timed --model llama-3-8b --gpu
   H100-80GB --num-gpu-blocks 20000 --replicas N --router round_robin|dynamo`` (the vLLM 0.33.0
-  scheduler model, steps costed by the roofline).
+  scheduler model, steps costed by the roofline), and once more as a single replica (the row
+  ``single``) beside Dynamo's fleet behind its KV router.
+
+kvsim's timed replay also replays the same load without prefix caching (the time the cache
+saves), so each of its commands is two replays against Dynamo's one.
 
 Printed per router: the prefix-cache hit rate each reports (Dynamo's
 ``prefix_cache_reused_ratio``, kvsim's token hit rate), TTFT p50 / p90, and the wall time of
@@ -71,8 +75,12 @@ def main() -> None:
               f"blocks; wall time of each whole process, median of {args.runs}")
         print(f"{'router':<12} {'Dynamo hit':>10} {'kvsim hit':>9} {'Dynamo p50/p90 s':>17} {'kvsim p50/p90 s':>16} "
               f"{'Dynamo s':>8} {'kvsim s':>8} {'ratio':>6}")
-        for dyn_mode, router in ROUTERS.items():
+        # (Dynamo's router mode, kvsim's router, kvsim's replicas): the last row is one kvsim
+        # replica (no fleet) beside Dynamo's fleet, the first comparison
+        rows = [(mode, router, args.workers) for mode, router in ROUTERS.items()] + [("kv_router", "single", 1)]
+        for dyn_mode, router, replicas in rows:
             d_times, k_times = [], []
+            fleet = ["--replicas", str(replicas), "--router", router] if replicas > 1 else []
             for _ in range(args.runs):
                 dt, out = timed([str(ORACLE), "-c", DYNAMO, str(trace), str(args.workers), dyn_mode], env)
                 d_times.append(dt)
@@ -80,8 +88,7 @@ def main() -> None:
                 js = Path(tmp) / "kvsim.json"
                 kt, _ = timed([str(Path(sys.executable).with_name("kvsim")), "simulate", str(trace), "--format", "mooncake",
                                "--replay", "timed", "--model", "llama-3-8b", "--gpu", "H100-80GB",
-                               "--num-gpu-blocks", "20000", "--replicas", str(args.workers), "--router", router,
-                               "--json", str(js)], env)
+                               "--num-gpu-blocks", "20000", *fleet, "--json", str(js)], env)
                 k_times.append(kt)
                 s = json.loads(js.read_text())["policies"]["apc"]["summary"]
             d, k = statistics.median(d_times), statistics.median(k_times)
