@@ -346,10 +346,8 @@ class ScannedBlock:
         found = list(executor().map(scan, range(len(lines)))) if len(lines) > 1 else [scan(0)] if lines else []
         top = max((t for _, _, t in found), default=0)
         dtype = np.int32 if top < 2**31 else np.int64
-        self.tokens = np.concatenate([tokens[lo:lo + nt] for lo, (nt, _, _) in zip(starts, found)] or
-                                     [tokens[:0]]).astype(dtype, copy=False)
-        self.outputs = np.concatenate([outs[lo:lo + no] for lo, (_, no, _) in zip(starts, found)] or
-                                      [outs[:0]]).astype(dtype, copy=False)
+        self.tokens = _joined(tokens, starts, [nt for nt, _, _ in found], dtype)
+        self.outputs = _joined(outs, starts, [no for _, no, _ in found], dtype)
         self.token_offsets = np.zeros(n + 1, np.int64)
         np.cumsum(counts[:, 0], out=self.token_offsets[1:])
         self.output_offsets = np.zeros(n + 1, np.int64)
@@ -357,6 +355,17 @@ class ScannedBlock:
 
     def __len__(self) -> int:
         return len(self.status)
+
+
+def _joined(scratch: np.ndarray, starts, counts: list[int], dtype) -> np.ndarray:
+    """The runs' ids (``counts[j]`` from ``starts[j]`` of ``scratch``) in one array of ``dtype``
+    (one copy, converting as it goes)."""
+    out = np.empty(sum(counts), dtype)
+    pos = 0
+    for lo, n in zip(starts, counts):
+        out[pos:pos + n] = scratch[lo:lo + n]
+        pos += n
+    return out
 
 
 class Scratch:
