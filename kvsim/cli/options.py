@@ -358,6 +358,8 @@ ROUTER_NAMES = ("round_robin", "random", "least_load", "power_of_two", "session"
 
 
 def _fleet(replicas=None, router=None, router_option=None):
+    if replicas is None and router is None and not router_option:
+        return None             # no fleet: a single engine's command does not import the fleet package
     from kvsim.fleet.config import fleet_from_cli
 
     return fleet_from_cli(replicas, router, router_option)
