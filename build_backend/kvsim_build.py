@@ -64,7 +64,7 @@ class BuildPy(_build_py):
         super().run()
         if (os.environ.get(_WHEEL) and not getattr(self, "editable_mode", False)
                 and os.environ.get("KVSIM_PRECOMPILE") != "0"):
-            precompile_into(Path(self.build_lib))
+            precompile_into(Path(self.build_lib).resolve())
 
 
 def precompile_into(build_lib: Path) -> bool:
