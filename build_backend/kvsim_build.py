@@ -3,7 +3,7 @@
 ``pip install .`` and ``pip wheel .`` build a wheel; this backend then asks for kvsim's own
 dependencies in the isolated build environment (numba, numpy and what the commands import)
 and, once setuptools has copied the package into its build folder, runs
-``python -m kvsim.kernels.precompile`` on that copy: the kernels the commands call are
+``python -m kvsim.precompile`` on that copy: the kernels the commands call are
 compiled there and shipped in ``kvsim/kernels/prebuilt/`` (see ``kvsim/kernels/prebuilt.py``
 for how they reach the user's kernel cache). An editable install (``pip install -e .``,
 ``make test``) gets neither: setuptools' requirements, no compilation.
@@ -81,7 +81,7 @@ def precompile_into(build_lib: Path) -> bool:
                "KVSIM_CACHE_DIR": str(Path(d) / "kvsim")}
         env.pop("KVSIM_KERNEL_LOG", None)
         try:
-            done = subprocess.run([sys.executable, "-m", "kvsim.kernels.precompile", str(out)], env=env,
+            done = subprocess.run([sys.executable, "-m", "kvsim.precompile", str(out)], env=env,
                                   capture_output=True, text=True, timeout=TIMEOUT_S, cwd=d)
             ok, detail = done.returncode == 0, (done.stdout.strip() or "") + "\n" + done.stderr[-3000:]
         except (OSError, subprocess.SubprocessError) as e:

@@ -1,7 +1,7 @@
 """Kernels compiled when the wheel was built, shipped in ``kvsim/kernels/prebuilt/``, and
 copied into the user's kernel cache the first time numba is imported.
 
-The build (``build_backend/kvsim_build.py``, through :mod:`kvsim.kernels.precompile`)
+The build (``build_backend/kvsim_build.py``, through :mod:`kvsim.precompile`)
 writes ``prebuilt/manifest.json`` (the build tag, numba's and Python's versions) and
 ``prebuilt/kernels/`` (numba's index and data files, laid out as :mod:`.locator` places
 them). :func:`seed` copies the files the user's folder lacks into ``<kernel cache>/<build

@@ -13,9 +13,9 @@ into one (:func:`merge`). ``--check`` runs the recipes once more in a fresh proc
 merged folder with ``KVSIM_KERNEL_LOG`` and lists the kvsim kernels it still compiled (none,
 unless a recipe's kernels depend on something that differs between runs).
 
-    python -m kvsim.kernels.precompile OUT [--only apc,radix] [--jobs 2] [--check]
+    python -m kvsim.precompile OUT [--only tokens_apc,chat] [--jobs 2] [--check]
 
-writes ``OUT/manifest.json`` and ``OUT/kernels/`` (the layout of :mod:`.prebuilt`); with
+writes ``OUT/manifest.json`` and ``OUT/kernels/`` (the layout of :mod:`kvsim.kernels.prebuilt`); with
 ``PYTHONPATH`` pointing at the build folder, the kernels are those of the package there.
 """
 from __future__ import annotations
@@ -44,11 +44,11 @@ _TIMED = ["--replay", "timed", "--model", "llama-3-8b", "--gpu", "H100-80GB"]
 #: recipe -> the commands it runs (in this order, in one process)
 RECIPES: dict[str, list[list[str]]] = {
     # token-id log: the token scanner, vLLM APC's hashes and its compiled sequential replay
-    "apc": [["--no-trace-cache", *_SIM, "--policy", "apc", "--capacity", "1000000", TOKENS],
-            [*_SIM, "--policy", "apc", "--capacity", "1000000", TOKENS],
-            [*_SIM, "--policy", "apc", "--capacity", "20000", TOKENS]],
-    "radix": [[*_SIM, "--policy", "radix", "--capacity", "1000000", TOKENS],
-              [*_SIM, "--policy", "radix", "--capacity", "20000", TOKENS]],
+    "tokens_apc": [["--no-trace-cache", *_SIM, "--policy", "apc", "--capacity", "1000000", TOKENS],
+                   [*_SIM, "--policy", "apc", "--capacity", "1000000", TOKENS],
+                   [*_SIM, "--policy", "apc", "--capacity", "20000", TOKENS]],
+    "tokens_radix": [[*_SIM, "--policy", "radix", "--capacity", "1000000", TOKENS],
+                     [*_SIM, "--policy", "radix", "--capacity", "20000", TOKENS]],
     # the engines' schedulers (vLLM's with the compiled manager)
     "steps": [[*_SIM, *_STEPS, "--policy", "all", "--capacity", "20000", TOKENS]],
     "timed": [[*_SIM, *_TIMED, "--policy", "all", "--num-gpu-blocks", "2000", HASH_IDS],
@@ -60,24 +60,22 @@ RECIPES: dict[str, list[list[str]]] = {
              [*_SIM, "--policy", "all", "--capacity", "1000000", CHAT]],
     "analyze": [["analyze", TOKENS], ["analyze", CHAT]],
     "sweep": [["sweep", "--capacity", "1e4,1e5", "--policy", "all", "--jobs", "1", "--curve", TOKENS],
-              ["sweep", "--capacity", "1e4,1e5", "--policy", "all", "--jobs", "1", "--replay", "timed", "--model",
-               "llama-3-8b", "--gpu", "H100-80GB", HASH_IDS]],
+              ["sweep", "--capacity", "1e4,1e5", "--policy", "all", "--jobs", "1", *_TIMED, HASH_IDS]],
     "report": [["report", HASH_IDS, "-o", f"{OUT}/report.html", "--capacity", "20000"]],
     "fleet": [[*_SIM, "--policy", "all", "--capacity", "20000", "--replicas", "2", "--router", "cache_aware", TOKENS],
               [*_SIM, *_STEPS, "--policy", "all", "--capacity", "20000", "--replicas", "2", "--router",
                "prefix_hash", TOKENS]],
-    "offload": [[*_SIM, "--policy", "apc", "--capacity", "20000", "--offload", "native", "--offload-size", "100000",
-                 TOKENS],
-                [*_SIM, "--policy", "apc", "--capacity", "20000", "--offload", "lmcache", "--offload-size", "100000",
-                 TOKENS],
-                [*_SIM, "--policy", "radix", "--capacity", "20000", "--offload", "hicache", TOKENS]],
+    # offload tiers: vLLM's native CPU offloading, LMCache, SGLang's HiCache
+    "offload": [[*_SIM, "--policy", "apc", "--capacity", "20000", "--offload", tier, "--offload-size", "100000", TOKENS]
+                for tier in ("native", "lmcache")]
+               + [[*_SIM, "--policy", "radix", "--capacity", "20000", "--offload", "hicache", TOKENS]],
 }
 #: two workers, in two phases; each phase starts from the kernels the ones before compiled.
 #: Most commands read a log and replay it through vLLM's engine, so the first phase compiles
 #: those kernels (the token scanner and vLLM's | the chat scanner and the word path) and the
 #: second the ones that build on them (the analyzer | the sweep and the report's kernels).
-PHASES = ((("apc", "steps"), ("chat",)),
-          (("analyze", "radix", "timed", "hash_ids", "fleet", "offload"), ("sweep", "report")))
+PHASES = ((("tokens_apc", "steps"), ("chat",)),
+          (("analyze", "tokens_radix", "timed", "hash_ids", "fleet", "offload"), ("sweep", "report")))
 
 
 # -- inputs ----------------------------------------------------------------------------------
@@ -228,7 +226,7 @@ def _worker_env(cache: Path, work: Path, log: Path | None = None) -> dict:
 
 
 def _spawn(names, inputs: Path, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "kvsim.kernels.precompile", "--worker", ",".join(names),
+    return subprocess.Popen([sys.executable, "-m", "kvsim.precompile", "--worker", ",".join(names),
                              "--inputs", str(inputs)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -314,7 +312,7 @@ def check_compiles(kernels: Path, tag: str, names: list[str], inputs: Path, work
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kvsim.kernels.precompile", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m kvsim.precompile", description=__doc__.split("\n\n")[0])
     ap.add_argument("out", nargs="?", type=Path, help="the folder to write (manifest.json, kernels/)")
     ap.add_argument("--only", default=",".join(RECIPES), help=f"recipes, a comma list of {', '.join(RECIPES)}")
     ap.add_argument("--jobs", type=int, default=2)
