@@ -1,22 +1,24 @@
-"""Compile kvsim's kernels ahead of time: the build step of a wheel (``pip install .``).
+"""Compile kvsim's kernels ahead of time: the build step of a wheel (``pip install .``,
+``build_backend/kvsim_build.py``).
 
-Each *recipe* is a list of real kvsim commands on small generated logs, chosen to call the
-kernels a command calls, with the argument types it calls them with (a kernel is cached
-per signature: the same code on other types would miss). The logs are just over the sizes
-where the compiled readers engage (1 MiB for token-id and chat logs, 32K characters for the
-cl100k word path). Every command runs in-process through :func:`kvsim.cli.run`, the first
-on each log with an empty trace cache and later ones from it (both reading paths).
+numba caches a kernel per signature, so the kernels are compiled by running what a user
+runs: each *recipe* is a list of real kvsim commands (:func:`kvsim.cli.run`, in-process) on
+generated logs, a token-id log, a chat log and a Mooncake hash-id log (:func:`write_inputs`),
+each large enough for the compiled paths to engage (1 MiB for the token and chat scanners,
+32K characters for the cl100k word path) and for the compiled tables to grow. The first
+command on each log reads it with an empty trace cache, later ones map the stored trace.
 
-Recipes run in ``--jobs`` worker processes, each with its own numba cache folder (numba's
-index files are not safe to write from two processes at once); the folders are then merged
-into one (:func:`merge`). ``--check`` runs the recipes once more in a fresh process on the
-merged folder with ``KVSIM_KERNEL_LOG`` and lists the kvsim kernels it still compiled (none,
-unless a recipe's kernels depend on something that differs between runs).
+The recipes run in two phases of two worker processes (:data:`PHASES`), each worker with
+its own numba cache folder (two processes writing one index file can lose an entry); after
+each phase the folders are merged (:func:`merge`) and the next phase starts from the merge.
 
     python -m kvsim.precompile OUT [--only tokens_apc,chat] [--jobs 2] [--check]
 
-writes ``OUT/manifest.json`` and ``OUT/kernels/`` (the layout of :mod:`kvsim.kernels.prebuilt`); with
-``PYTHONPATH`` pointing at the build folder, the kernels are those of the package there.
+writes ``OUT/manifest.json`` and ``OUT/kernels/`` (the layout of :mod:`kvsim.kernels.prebuilt`)
+for the kvsim package on ``PYTHONPATH``. ``--check`` then runs the recipes again in a fresh
+process on a copy of the result, lists the kvsim kernels it still compiled (``KVSIM_KERNEL_LOG``;
+none expected) and the cached kernels of the package that no recipe compiled (they compile
+when a command first calls them, as without a precompile).
 """
 from __future__ import annotations
 
@@ -293,6 +295,7 @@ def precompile(out: Path, names: list[str], jobs: int = 2, check: bool = False) 
             if check:
                 result["compiled_again"] = check_compiles(merged, tags[0] if tags else manifest["tag"], names,
                                                           inputs, work)
+                result["not_compiled"] = not_compiled(PACKAGE, merged)
     except BaseException:
         (out / prebuilt.MANIFEST).unlink(missing_ok=True)
         shutil.rmtree(out / prebuilt.KERNELS, ignore_errors=True)
@@ -309,6 +312,30 @@ def check_compiles(kernels: Path, tag: str, names: list[str], inputs: Path, work
     _wait([(names, _spawn(names, inputs, _worker_env(cache, work / "check", log)))])
     lines = log.read_text().splitlines() if log.exists() else []
     return [line for line in lines if line.startswith("kvsim.")]
+
+
+def cached_kernels(package: Path) -> list[str]:
+    """``folder/module.function`` of every ``@njit(cache=True)`` function of the package
+    (inlined ones, which have no cache entry of their own, left out)."""
+    import ast
+
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for deco in node.decorator_list:
+                if isinstance(deco, ast.Call) and ast.unparse(deco.func).split(".")[-1] == "njit":
+                    kw = {k.arg: ast.unparse(k.value) for k in deco.keywords}
+                    if kw.get("cache") == "True" and kw.get("inline") not in ("'always'", '"always"'):
+                        out.append(f"{path.parent.relative_to(package).as_posix()}/{path.stem}.{node.name}")
+    return out
+
+
+def not_compiled(package: Path, kernels: Path) -> list[str]:
+    """The package's cached kernels that have no index file in ``kernels``."""
+    have = {f"{p.parent.relative_to(kernels).as_posix()}/{p.name.split('-')[0]}" for p in kernels.rglob("*.nbi")}
+    return [k for k in cached_kernels(package) if k not in have]
 
 
 def main(argv: list[str] | None = None) -> int:
