@@ -227,17 +227,19 @@ def _worker_env(cache: Path, work: Path, log: Path | None = None) -> dict:
     return env
 
 
-def _spawn(names, inputs: Path, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "kvsim.precompile", "--worker", ",".join(names),
-                             "--inputs", str(inputs)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def _spawn(names, inputs: Path, env: dict, stderr: Path) -> tuple[list[str], subprocess.Popen, Path]:
+    """A worker running the recipes ``names`` (its stderr into a file: no pipe to fill)."""
+    with open(stderr, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "kvsim.precompile", "--worker", ",".join(names),
+                                 "--inputs", str(inputs)], env=env, stdout=subprocess.DEVNULL, stderr=err)
+    return names, proc, stderr
 
 
-def _wait(procs: list[tuple[list[str], subprocess.Popen]]) -> None:
+def _wait(workers: list[tuple[list[str], subprocess.Popen, Path]]) -> None:
     failed = []
-    for names, proc in procs:
-        _, err = proc.communicate()
-        if proc.returncode != 0:
-            failed.append(f"{','.join(names)}: {err.decode(errors='replace')[-3000:]}")
+    for names, proc, stderr in workers:
+        if proc.wait() != 0:
+            failed.append(f"{','.join(names)}: {stderr.read_text(errors='replace')[-3000:]}")
     if failed:
         raise RuntimeError("precompile failed: " + "\n".join(failed))
 
@@ -258,6 +260,7 @@ def precompile(out: Path, names: list[str], jobs: int = 2, check: bool = False) 
     from kvsim.kernels.locator import PACKAGE
 
     t0 = time.perf_counter()
+    given = os.environ.get("NUMBA_CACHE_DIR")
     out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(out / prebuilt.KERNELS, ignore_errors=True)
     manifest = {"tag": source_tag(PACKAGE), "numba": version("numba"), "python": prebuilt.python_version(),
@@ -281,7 +284,7 @@ def precompile(out: Path, names: list[str], jobs: int = 2, check: bool = False) 
                 for cache in caches:  # each worker starts from the kernels compiled so far
                     for tag in tags[:1]:
                         shutil.copytree(merged, cache / tag)
-                _wait([(g, _spawn(g, inputs, _worker_env(c, work / f"w{k}.{i}")))
+                _wait([_spawn(g, inputs, _worker_env(c, work / f"w{k}.{i}"), work / f"w{k}.{i}.err")
                        for i, (g, c) in enumerate(zip(groups, caches))])
                 for cache in caches:
                     for folder in _tag_folders(cache):
@@ -300,6 +303,10 @@ def precompile(out: Path, names: list[str], jobs: int = 2, check: bool = False) 
         (out / prebuilt.MANIFEST).unlink(missing_ok=True)
         shutil.rmtree(out / prebuilt.KERNELS, ignore_errors=True)
         raise
+    finally:
+        os.environ.pop("NUMBA_CACHE_DIR", None)
+        if given is not None:
+            os.environ["NUMBA_CACHE_DIR"] = given
     return result
 
 
@@ -309,7 +316,7 @@ def check_compiles(kernels: Path, tag: str, names: list[str], inputs: Path, work
     cache = work / "check-cache"
     shutil.copytree(kernels, cache / tag)
     log = work / "check.log"
-    _wait([(names, _spawn(names, inputs, _worker_env(cache, work / "check", log)))])
+    _wait([_spawn(names, inputs, _worker_env(cache, work / "check", log), work / "check.err")])
     lines = log.read_text().splitlines() if log.exists() else []
     return [line for line in lines if line.startswith("kvsim.")]
 
