@@ -159,6 +159,19 @@ def test_only_a_wheel_build_asks_for_numba(tmp_path, monkeypatch):
     assert not any(r.startswith("numba") for r in backend.get_requires_for_build_wheel())
 
 
+def test_a_failed_precompile_leaves_a_wheel_without_prebuilt_kernels(tmp_path, capsys, monkeypatch):
+    """The build goes on: a warning, and no prebuilt folder in the build folder."""
+    spec = importlib.util.spec_from_file_location("kvsim_build_copy", ROOT / "build_backend" / "kvsim_build.py")
+    backend = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(backend)
+    (tmp_path / "kvsim" / "kernels" / "prebuilt").mkdir(parents=True)  # a stale one
+    (tmp_path / "kvsim" / "kernels" / "prebuilt" / "manifest.json").write_text("{}")
+    monkeypatch.setattr(backend, "TIMEOUT_S", 0.001)  # the precompile fails: it runs out of time
+    assert backend.precompile_into(tmp_path) is False
+    assert not (tmp_path / "kvsim" / "kernels" / "prebuilt").exists()
+    assert "WARNING: kvsim: compiling the kernels failed" in capsys.readouterr().err
+
+
 def write_token_log(path: Path) -> None:
     """Over 1 MiB (the compiled scanner reads it), other ids and lengths than the build's log."""
     import numpy as np
