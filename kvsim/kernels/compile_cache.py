@@ -117,8 +117,8 @@ def _numba_loaded() -> None:
     """numba has just been imported: kvsim's locator, the shipped kernels, the note."""
     from kvsim.kernels import locator, prebuilt
 
-    locator.install()
     _watch_compilations()
+    locator.install()
     prebuilt.seed_user_cache()
 
 
