@@ -32,7 +32,10 @@ Sections (``--only``, comma-separated; default all but ``first_run``):
 - ``first_run``: ``pip install`` of a clean export of the repository (``git archive HEAD``)
   into a fresh virtual environment under /tmp (``--fresh-venv``; reused when it holds
   kvsim), then a command with an empty user cache folder (no compiled kernels, no trace)
-  and the same command again with the trace cache emptied.
+  and the same command again with the trace cache emptied; the commands: ``simulate
+  --policy apc``, ``--policy radix`` and ``--replay steps`` on tokens.jsonl, ``inspect``
+  and ``analyze`` on chat.jsonl, ``simulate --replay timed --policy all`` on hash_ids.jsonl.
+  The first run's kvsim kernel compilations are counted (``KVSIM_KERNEL_LOG``).
 
     .venv/bin/python bench/bench_commands.py --runs 5
     KVSIM_ORACLE_PYTHON=.oracle-venv/bin/python .venv/bin/python bench/bench_commands.py --only engines
@@ -328,21 +331,33 @@ def bench_first_run(files: dict, runs: int, venv: Path) -> dict:
     if not site.startswith(str(venv)):
         raise RuntimeError(f"{venv} imports kvsim from {site}, not from its own site-packages")
     out = {"kvsim_module": site}
+    timed = ["--replay", "timed", "--model", "llama-3-8b", "--gpu", "H100-80GB", "--num-gpu-blocks", "20000"]
+    steps = ["--replay", "steps", "--arrival-from", "timestamp", "--step-seconds", "0.05"]
     cmds = {"simulate --policy apc (tokens.jsonl)": ["simulate", "--capacity", "1000000", "--policy", "apc",
                                                        str(files["tokens"])],
-            "inspect (chat.jsonl)": ["inspect", str(files["chat"])]}
+            "inspect (chat.jsonl)": ["inspect", str(files["chat"])],
+            "simulate --policy radix (tokens.jsonl)": ["simulate", "--capacity", "1000000", "--policy", "radix",
+                                                         str(files["tokens"])],
+            "simulate --replay steps --policy apc (tokens.jsonl)": ["simulate", "--capacity", "1000000", *steps,
+                                                                      "--policy", "apc", str(files["tokens"])],
+            "simulate --replay timed --policy all (hash_ids.jsonl)": ["simulate", *timed, "--policy", "all",
+                                                                        str(files["hash_ids"])],
+            "analyze (chat.jsonl)": ["analyze", str(files["chat"])]}
     for name, args in cmds.items():
-        firsts, seconds, notes = [], [], []
+        firsts, seconds, notes, compiled = [], [], [], []
         for _ in range(runs):
             home = Path(tempfile.mkdtemp(prefix="kvsim-fresh-home-"))
             env = dict(clean)
             env.update(XDG_CACHE_HOME=str(home / "cache"), HOME=str(home), TIKTOKEN_CACHE_DIR=str(home / "tiktoken"))
             try:
                 t = time.perf_counter()
-                done = subprocess.run([str(kvsim), *args], capture_output=True, text=True, env=env, check=True,
-                                      cwd=files["dir"])
+                done = subprocess.run([str(kvsim), *args], capture_output=True, text=True, check=True,
+                                      cwd=files["dir"], env={**env, "KVSIM_KERNEL_LOG": str(home / "compiled.log")})
                 firsts.append(time.perf_counter() - t)
                 notes.append([line for line in done.stderr.splitlines() if line.startswith("note")])
+                log = home / "compiled.log"  # one line per kernel compiled (a cache miss)
+                compiled.append(sum(line.startswith("kvsim.") for line in log.read_text().splitlines())
+                                if log.exists() else 0)
                 shutil.rmtree(home / "cache" / "kvsim" / "traces", ignore_errors=True)  # the trace cache empty again
                 t = time.perf_counter()
                 subprocess.run([str(kvsim), *args], capture_output=True, env=env, check=True, cwd=files["dir"])
@@ -351,9 +366,9 @@ def bench_first_run(files: dict, runs: int, venv: Path) -> dict:
                 shutil.rmtree(home, ignore_errors=True)
         out[name] = {"first_s": med(firsts), "second_s": med(seconds), "ratio": med(firsts) / med(seconds),
                      "firsts": [round(x, 2) for x in firsts], "seconds": [round(x, 2) for x in seconds],
-                     "notes": notes[-1]}
-        print(f"  {name}: first {med(firsts):.2f} s, second {med(seconds):.2f} s ({out[name]['ratio']:.1f}x); "
-              f"notes {notes[-1]}", file=sys.stderr, flush=True)
+                     "notes": notes[-1], "kernels_compiled": compiled}
+        print(f"  {name}: first {med(firsts):.2f} s, second {med(seconds):.2f} s ({out[name]['ratio']:.2f}x); "
+              f"kvsim kernels compiled by the first {compiled}; notes {notes[-1]}", file=sys.stderr, flush=True)
     return out
 
 

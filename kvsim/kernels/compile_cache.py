@@ -7,9 +7,16 @@ again. kvsim points numba at the user cache folder instead, ``kernels`` in kvsim
 it is set). It does so in one place, :func:`install` (called when :mod:`kvsim` is imported),
 at the moment numba is first imported: a command that never loads numba pays nothing.
 
-Kernels are compiled lazily, when a command first calls them, and then loaded from that
-folder by every later process. The first compilation on a machine can take seconds: when
-one has been running for :data:`NOTE_AFTER_S`, one line says so on stderr (once a process).
+At that moment it also puts kvsim's cache locator first (:mod:`.locator`: one folder per
+kvsim build, the same wherever kvsim is installed) and copies the kernels compiled when the
+wheel was built into that folder (:mod:`.prebuilt`), so that a fresh install has nothing to
+compile on the commands the build ran.
+
+Other kernels are compiled lazily, when a command first calls them, and then loaded from
+that folder by every later process. The first compilation on a machine can take seconds:
+when one has been running for :data:`NOTE_AFTER_S`, one line says so on stderr (once a
+process). With ``KVSIM_KERNEL_LOG=FILE`` each compilation (each cache miss) appends a line
+``module.function<TAB>signature`` to FILE: what tests and the build check with.
 """
 from __future__ import annotations
 
@@ -20,6 +27,8 @@ import threading
 from pathlib import Path
 
 ENV = "NUMBA_CACHE_DIR"
+#: a file that gets one line per kernel compilation (tests, the build's check)
+LOG_ENV = "KVSIM_KERNEL_LOG"
 #: a compilation running this long gets the note (seconds)
 NOTE_AFTER_S = 1.0
 NOTE = ("note: compiling kvsim's kernels for this machine (once after an install or upgrade; "
@@ -59,7 +68,10 @@ def _configure_loaded() -> None:
     if not config.CACHE_DIR and not os.environ.get(ENV):
         _set_cache_dir()
         config.CACHE_DIR = os.environ[ENV]
-    _watch_compilations()
+    try:
+        _numba_loaded()
+    except Exception:  # noqa: BLE001 - as in _AfterExec: never fail the caller over the cache
+        pass
 
 
 class _NumbaImportHook:
@@ -75,7 +87,7 @@ class _NumbaImportHook:
         spec = importlib.util.find_spec(name)  # the real finders, this one removed
         if spec is None or spec.loader is None:
             return spec
-        spec.loader = _AfterExec(spec.loader, _watch_compilations)
+        spec.loader = _AfterExec(spec.loader, _numba_loaded)
         return spec
 
 
@@ -97,8 +109,17 @@ class _AfterExec:
         self._loader.exec_module(module)
         try:
             self._then()
-        except Exception:  # noqa: BLE001 - the note is a courtesy; never fail numba's import
+        except Exception:  # noqa: BLE001 - the cache is a courtesy; never fail numba's import
             pass
+
+
+def _numba_loaded() -> None:
+    """numba has just been imported: kvsim's locator, the shipped kernels, the note."""
+    from kvsim.kernels import locator, prebuilt
+
+    _watch_compilations()
+    locator.install()
+    prebuilt.seed_user_cache()
 
 
 class CompileNote:
@@ -145,6 +166,28 @@ def _watch_compilations() -> None:
     event.Listener.register(CompileNote)  # numba checks isinstance(listener, Listener)
     _note = CompileNote()
     event.register("numba:compile", _note)
+    if os.environ.get(LOG_ENV):
+        event.Listener.register(CompileLog)
+        event.register("numba:compile", CompileLog(os.environ[LOG_ENV]))
+
+
+class CompileLog:
+    """Appends ``module.function<TAB>signature`` to a file at each compilation's start."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def notify(self, event) -> None:
+        if not event.is_start:
+            return
+        data = event.data or {}
+        func = getattr(data.get("dispatcher"), "py_func", None)
+        name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', '?')}"
+        try:
+            with open(self.path, "a") as f:
+                f.write(f"{name}\t{tuple(data.get('args') or ())}\n")
+        except OSError:
+            pass
 
 
 def _shown(folder) -> str:
