@@ -66,7 +66,10 @@ RECIPES: dict[str, list[list[str]]] = {
     "report": [["report", HASH_IDS, "-o", f"{OUT}/report.html", "--capacity", "20000"]],
     "fleet": [[*_SIM, "--policy", "all", "--capacity", "20000", "--replicas", "2", "--router", "cache_aware", TOKENS],
               [*_SIM, *_STEPS, "--policy", "all", "--capacity", "20000", "--replicas", "2", "--router",
-               "prefix_hash", TOKENS]],
+               "prefix_hash", TOKENS],
+              # Dynamo's index read from the compiled pools (the pools' keys of each routed prompt)
+              [*_SIM, *_TIMED, "--policy", "apc", "--num-gpu-blocks", "2000", "--replicas", "2", "--router",
+               "dynamo", HASH_IDS]],
     # offload tiers: vLLM's native CPU offloading, LMCache, SGLang's HiCache
     "offload": [[*_SIM, "--policy", "apc", "--capacity", "20000", "--offload", tier, "--offload-size", "100000", TOKENS]
                 for tier in ("native", "lmcache")]
