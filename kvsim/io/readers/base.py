@@ -164,11 +164,15 @@ class JsonRequestReader(Reader):
         ctx.requests += len(reqs)
         batch.extend(reqs)
         weight += sum(r.weight for r in reqs)
+        return ([], 0) if self._full(batch, weight, ctx) else (batch, weight)
+
+    def _full(self, batch: list[PendingRequest], weight: int, ctx: LoadContext) -> bool:
+        """Tokenize the batch if it is full (True: it was handed over; start a new one)."""
         smaller = max(0, RAMP_BATCHES - ctx.batches)  # the first batches: 1/8, 1/4, 1/2 of the size
         if len(batch) >= self.batch_requests >> smaller or weight >= self.batch_weight >> smaller:
             self._flush(batch, ctx)
-            return [], 0
-        return batch, weight
+            return True
+        return False
 
     def _flush(self, batch: list[PendingRequest], ctx: LoadContext, last: bool = False) -> None:
         """Tokenize a complete batch in the background (``last``: nothing is read after it, so

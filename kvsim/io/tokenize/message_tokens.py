@@ -19,6 +19,7 @@ nothing (:meth:`~kvsim.io.tokenize.tokenizers.Tokenizer.joins`), instead of bein
 """
 from __future__ import annotations
 
+import sys
 import threading
 from concurrent.futures import Future
 from itertools import chain
@@ -74,6 +75,7 @@ class MessageTokens:
         self._flat = np.empty(1 << 16, np.int32)
         self._starts = np.zeros(1 << 12, np.int64)
         self._count = 0  # pieces tokenized
+        self._arange = np.zeros(0, np.int64)
         self.splits: dict[int, tuple[str, str, str]] = {}  # handle -> (before, message text, after)
         self.held = 0
         # reply text -> its tokens, and whether they hold no special token (the tokenizing thread's)
@@ -276,7 +278,7 @@ class MessageTokens:
         sizes = self._starts[handles + 1] - begin
         first = 0 if self.head is None else 1
         total = int(sizes.sum())
-        if total >= COMPILED_GATHER_TOKENS:
+        if total >= COMPILED_GATHER_TOKENS and "numba" in sys.modules:  # (its import costs more than it saves)
             from kvsim.io.tokenize.gather import gather_pieces
 
             tokens = np.empty(total, self._flat.dtype)
@@ -287,8 +289,9 @@ class MessageTokens:
             return Packed(tokens, lengths, msg_counts, msg_starts)
         ends = np.cumsum(sizes)
         # token t of the batch comes from flat[t + shift], shift constant within a piece
-        shift = np.repeat(begin - (ends - sizes), sizes)
-        tokens = self._flat[np.arange(total, dtype=np.int64) + shift]
+        index = np.repeat(begin - (ends - sizes), sizes)
+        index += self._positions(total)
+        tokens = self._flat[index]
         last = np.cumsum(counts) - 1  # index of each prompt's last piece (the tail)
         lengths = np.diff(ends[last], prepend=0)
         # messages: the pieces after the head and before the tail; each starts where the
@@ -298,6 +301,12 @@ class MessageTokens:
         prompt_base = np.repeat(ends[last] - lengths, counts)
         msg_starts = np.where(local == first, 0, ends - sizes - prompt_base)[is_msg]
         return Packed(tokens, lengths, counts - 1 - first, msg_starts)
+
+    def _positions(self, n: int) -> np.ndarray:
+        """0, 1, ..., n - 1 (kept between batches)."""
+        if len(self._arange) < n:
+            self._arange = np.arange(max(n, 2 * len(self._arange)), dtype=np.int64)
+        return self._arange[:n]
 
     def _assemble(self, prompts: list[PieceRefs], where: list[int], ids: list, starts: list) -> None:
         packed = self._pack(prompts)
