@@ -229,8 +229,8 @@ class Source:
 
 def _plain_blocks(raw: IO[bytes], size: int, first: int) -> Iterator[tuple[int, np.ndarray]]:
     """Blocks of whole lines of an uncompressed file, read into one reused buffer (the first
-    read fills ``first`` bytes of it at most)."""
-    buf = np.empty(max(size, first), np.uint8)
+    read fills ``first`` bytes of it at most; a bytearray, see :func:`block_buffer`)."""
+    buf = np.frombuffer(bytearray(max(size, first)), np.uint8)
     filled, line, limit = 0, 1, min(first, size)
     while True:
         n = raw.readinto(memoryview(buf)[filled:limit])
@@ -243,7 +243,9 @@ def _plain_blocks(raw: IO[bytes], size: int, first: int) -> Iterator[tuple[int, 
         last = _last_newline(buf, filled)
         if last < 0:
             if filled == len(buf):  # one line longer than the buffer: grow it
-                buf = np.concatenate([buf, np.empty(len(buf), np.uint8)])
+                grown = np.frombuffer(bytearray(2 * len(buf)), np.uint8)
+                grown[:len(buf)] = buf
+                buf = grown
             continue
         block = buf[:last + 1]
         yield line, block
@@ -251,6 +253,16 @@ def _plain_blocks(raw: IO[bytes], size: int, first: int) -> Iterator[tuple[int, 
         tail = filled - last - 1
         buf[:tail] = buf[last + 1:filled].copy()
         filled = tail
+
+
+def block_buffer(block: np.ndarray) -> bytes | bytearray:
+    """A block of :meth:`Source.line_blocks` as bytes or a bytearray whose first
+    ``len(block)`` bytes are the block's: the buffer it views when it starts there (no copy;
+    valid until the next block is read), else a copy."""
+    base = block.base
+    if isinstance(base, (bytes, bytearray)) and block.ctypes.data == np.frombuffer(base, np.uint8).ctypes.data:
+        return base
+    return block.tobytes()
 
 
 def _last_newline(buf: np.ndarray, end: int) -> int:

@@ -21,7 +21,7 @@ from kvsim.io.tokenize.encode import PendingRequest
 from kvsim.io.fields import MAX_LENGTH, BadRecord, CommonFields, common_fields, kind
 from kvsim.io.tokenize.message_tokens import MAX_HELD_CHARS, MessageTokens
 from kvsim.io.readers.base import JsonRequestReader, LoadContext, message_text
-from kvsim.io.source import UTF8_BOM, Source, _msgspec_decode, plain_json_bytes
+from kvsim.io.source import UTF8_BOM, Source, _msgspec_decode, block_buffer, plain_json_bytes
 
 _UNSEEN = object()
 
@@ -134,12 +134,12 @@ class ChatReader(JsonRequestReader):
         weight = 0
         started = False
         for first_line, block in src.line_blocks():
-            data = block.tobytes()
+            data = block_buffer(block)
             view, find = memoryview(data), data.find
-            pos, end = 0, len(data)
+            pos, end = 0, len(block)
             line = first_line - 1
             while pos < end and not ctx.full():
-                stop = find(b"\n", pos)
+                stop = find(b"\n", pos, end)
                 if stop < 0:
                     stop = end
                 raw = view[pos:stop]

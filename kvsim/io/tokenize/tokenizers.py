@@ -234,8 +234,20 @@ class TiktokenTokenizer(Tokenizer):
 
     def _encode_numpy(self, texts: Sequence[str]) -> list[np.ndarray]:
         chars = sum(map(len, texts))
-        words = self._word_path(chars) if chars >= WORD_PATH_MIN_CHARS else None
-        return self._encode_whole(texts) if words is None else words.encode(texts, self._encode_whole)
+        if chars < WORD_PATH_MIN_CHARS:
+            return self._encode_whole(texts)
+        words = self._word_path(chars)
+        if words is not None:
+            return words.encode(texts, self._encode_whole)
+        chunks = self._chunks
+        return self._encode_whole(texts) if chunks is None else chunks.encode(texts, self._encode_whole)
+
+    @functools.cached_property
+    def _chunks(self):
+        """Each distinct ASCII chunk's ids (numpy), when this encoding cuts text as cl100k does."""
+        from kvsim.io.tokenize.chunk_tokens import ChunkTokens
+
+        return ChunkTokens(self._enc, self.special_token_ids) if ChunkTokens.usable(self._enc) else None
 
     def _word_path(self, chars: int):
         """The word path, where it applies and is loaded; else None (tiktoken encodes the
