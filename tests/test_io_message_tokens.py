@@ -90,6 +90,18 @@ def test_joins_only_where_the_ids_simply_concatenate(tokenizer, left, right):
             assert tok.encode(left + right) == tok.encode(left) + tok.encode(right)
 
 
+def test_joins_after_newlines_needs_no_pattern_match():
+    """After a template text ending in newlines, a reply starting with a visible ASCII character
+    joins (what joins answers without compiling the pattern) as the pattern says it does."""
+    tok = get_tokenizer("cl100k_base", BUILTIN["llama3"].special_tokens + BUILTIN["chatml"].special_tokens)
+    for first in map(chr, range(33, 127)):
+        for run in ("\n", "\n\n", "\n\n\n"):
+            assert tok._run_joins(run, first), (run, first)  # the pattern's answer
+        for name in ("llama3", "chatml"):
+            before = BUILTIN[name].local.parts("assistant", "x")[0]  # the template text before a reply
+            assert tok.joins(before, first + "x", right_plain=True)
+
+
 def test_a_reply_repeated_in_the_next_turn_is_not_tokenized_again(monkeypatch):
     tmpl = BUILTIN["llama3"]
     tok = get_tokenizer("cl100k_base", tmpl.special_tokens)

@@ -260,7 +260,8 @@ def block_buffer(block: np.ndarray) -> bytes | bytearray:
     ``len(block)`` bytes are the block's: the buffer it views when it starts there (no copy;
     valid until the next block is read), else a copy."""
     base = block.base
-    if isinstance(base, (bytes, bytearray)) and block.ctypes.data == np.frombuffer(base, np.uint8).ctypes.data:
+    if (isinstance(base, (bytes, bytearray))
+            and block.__array_interface__["data"][0] == np.frombuffer(base, np.uint8).__array_interface__["data"][0]):
         return base
     return block.tobytes()
 

@@ -171,21 +171,22 @@ class ChunkTokens:
         store their ids as the next entries."""
         if not chunks:
             return
-        arrays = None
+        ids = None
         if self._sep is not None and len(chunks) > 1:
             joined = self._enc.encode_to_numpy(self._sep.join(chunks), allowed_special="all").view(np.int32)
             cut = np.flatnonzero(joined == self._sep_id)
             if len(cut) == len(chunks) - 1:
-                parts = np.split(joined, cut)
-                arrays = [parts[0], *(p[1:] for p in parts[1:])]
-        if arrays is None:
+                ids = np.delete(joined, cut)
+                lengths = np.diff(cut, prepend=-1, append=len(joined)) - 1
+        if ids is None:
             arrays = [self._enc.encode_to_numpy(c, allowed_special="all").view(np.int32) for c in chunks]
-        lengths = np.fromiter(map(len, arrays), np.int64, count=len(arrays))
+            ids = np.concatenate(arrays)
+            lengths = np.fromiter(map(len, arrays), np.int64, count=len(arrays))
         end = int(self._starts[-1])
-        need = end + int(lengths.sum())
+        need = end + len(ids)
         if need > len(self._ids):
             grown = np.zeros(max(need, 2 * len(self._ids)), np.int32)
             grown[:end] = self._ids[:end]
             self._ids = grown
-        self._ids[end:need] = np.concatenate(arrays)
+        self._ids[end:need] = ids
         self._starts = np.concatenate([self._starts, end + np.cumsum(lengths)])

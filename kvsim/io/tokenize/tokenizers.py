@@ -29,6 +29,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from kvsim.errors import ConfigError
+from kvsim.io.tokenize.chunk_tokens import CL100K_PATTERN
 
 #: seconds to wait for tiktoken's normal load (a download on a cold cache) before falling back
 TIKTOKEN_TIMEOUT_S = float(os.environ.get("KVSIM_TIKTOKEN_TIMEOUT", "3"))
@@ -318,9 +319,18 @@ class TiktokenTokenizer(Tokenizer):
         # are right's own matches: the pattern looks neither behind nor at the start of the
         # text (checked once), and right ends where left + right does.
         specials = self._cut_strings
-        if not right or right[0].isspace() or _straddled(left, right, specials, right_plain) or self._pattern is None:
+        if not right or right[0].isspace() or _straddled(left, right, specials, right_plain):
             return False
         run = self._last_run(left)
+        if self._enc._pat_str == CL100K_PATTERN:  # (it looks neither behind nor at the start)
+            if not run:
+                return True
+            if "!" <= right[0] <= "~" and not run.strip("\n"):
+                # newlines, then a visible ASCII character: the run alone is one match (\s++$),
+                # and before the character so is the run (\s*[\r\n] backtracks to its end)
+                return True
+        if self._pattern is None:
+            return False
         if not run:
             return True  # left ends with a special token: encode() cuts there anyway
         return self._run_joins(run, right[0])

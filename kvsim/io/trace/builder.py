@@ -186,13 +186,13 @@ class TraceBuilder:
     def _request_ids(self, parts: list[Part], n: int) -> np.ndarray | None:
         if all(p.request_ids is None or all(r is None for r in p.request_ids) for p in parts):
             return None
-        out = np.empty(n, dtype=object)
-        i = 0
+        names: list[str] = []
         for p in parts:
+            i = len(names)
             ids = p.request_ids or [None] * p.n
-            for j, r in enumerate(ids):
-                out[i + j] = str(i + j) if r is None else r
-            i += p.n
+            names.extend(str(i + j) if r is None else r for j, r in enumerate(ids))
+        out = np.empty(n, dtype=object)
+        out[:] = names
         return out
 
     def _messages(self, parts: list[Part], n: int) -> dict:
