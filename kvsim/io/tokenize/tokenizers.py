@@ -318,11 +318,10 @@ class TiktokenTokenizer(Tokenizer):
         # join and, before it, equal the matches over that run alone. After the join they
         # are right's own matches: the pattern looks neither behind nor at the start of the
         # text (checked once), and right ends where left + right does.
-        specials = self._cut_strings
-        if not right or right[0].isspace() or _straddled(left, right, specials, right_plain):
+        if not right or right[0].isspace() or _straddled(left, right, self._cut_strings, right_plain):
             return False
         run = self._last_run(left)
-        if self._enc._pat_str == CL100K_PATTERN:  # (it looks neither behind nor at the start)
+        if self._cl100k:  # (its pattern looks neither behind nor at the start)
             if not run:
                 return True
             if "!" <= right[0] <= "~" and not run.strip("\n"):
@@ -367,6 +366,10 @@ class TiktokenTokenizer(Tokenizer):
     @functools.cached_property
     def _cut_strings(self) -> tuple[str, ...]:
         return self.split_first()
+
+    @functools.cached_property
+    def _cl100k(self) -> bool:
+        return self._enc._pat_str == CL100K_PATTERN
 
     @functools.lru_cache(maxsize=256)
     def _last_run(self, left: str) -> str:
