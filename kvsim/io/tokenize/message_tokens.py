@@ -75,7 +75,7 @@ class MessageTokens:
         self._flat = np.empty(1 << 16, np.int32)
         self._starts = np.zeros(1 << 12, np.int64)
         self._count = 0  # pieces tokenized
-        self._arange = np.zeros(0, np.int64)
+        self._arange = np.zeros(0, np.int32)
         self.splits: dict[int, tuple[str, str, str]] = {}  # handle -> (before, message text, after)
         self.held = 0
         # reply text -> its tokens, and whether they hold no special token (the tokenizing thread's)
@@ -129,9 +129,13 @@ class MessageTokens:
         """The handle of a message's piece (None: it cannot be cut apart)."""
         parts = self.form.parts(role, content)
         text = "".join(parts)
-        known = text in self.handles
-        h = self.piece(text)
-        if h is not None and not known and parts[1] and parts[2].startswith(self.specials):
+        h = self.handles.get(text)
+        if h is not None:
+            return h
+        if not text.startswith(self.specials):
+            return None
+        h = self.handles[text] = self._new(text)
+        if parts[1] and parts[2].startswith(self.specials):
             self.splits[h] = parts
         return h
 
@@ -289,8 +293,10 @@ class MessageTokens:
             return Packed(tokens, lengths, msg_counts, msg_starts)
         ends = np.cumsum(sizes)
         # token t of the batch comes from flat[t + shift], shift constant within a piece
-        index = np.repeat(begin - (ends - sizes), sizes)
-        index += self._positions(total)
+        # (int32 where it fits: half the memory, and no array large enough for huge pages)
+        small = max(total, len(self._flat)) < 2**31
+        index = np.repeat((begin - (ends - sizes)).astype(np.int32 if small else np.int64), sizes)
+        index += self._positions(total) if small else np.arange(total, dtype=np.int64)
         tokens = self._flat[index]
         last = np.cumsum(counts) - 1  # index of each prompt's last piece (the tail)
         lengths = np.diff(ends[last], prepend=0)
@@ -303,9 +309,9 @@ class MessageTokens:
         return Packed(tokens, lengths, counts - 1 - first, msg_starts)
 
     def _positions(self, n: int) -> np.ndarray:
-        """0, 1, ..., n - 1 (kept between batches)."""
+        """0, 1, ..., n - 1 as int32 (kept between batches; n < 2**31)."""
         if len(self._arange) < n:
-            self._arange = np.arange(max(n, 2 * len(self._arange)), dtype=np.int64)
+            self._arange = np.arange(max(n, 2 * len(self._arange)), dtype=np.int32)
         return self._arange[:n]
 
     def _assemble(self, prompts: list[PieceRefs], where: list[int], ids: list, starts: list) -> None:
