@@ -3,13 +3,20 @@
 The messages are rendered with the chat template (generation prompt appended) and the text
 is tokenized; the logged reply, when present, becomes the known output tokens.
 
-Large files take a fast path: a compiled scanner (:mod:`kvsim.io.readers.chat_scan`) finds each
-line's messages, each distinct message (by the raw bytes of its JSON) is parsed and rendered
-once, and only the rest of the line goes through the JSON parser and the usual field
-validation. With a per-message template (llama3, chatml) each distinct message is also
-tokenized once and prompts are assembled from their messages' tokens
-(:mod:`kvsim.io.tokenize.message_tokens`). A line the scanner does not take, or whose messages or
-rest are not the plain case, is read by the general reader, which also writes the error.
+Large files take a fast path, without compiled code:
+
+1. msgspec decodes each line with its messages left raw (one ``Raw`` per message, the bytes of
+   its JSON) and the usual fields typed as :func:`kvsim.io.fields.plain_fields` takes them; a
+   line with other fields has them decoded as a dict and checked by ``common_fields``.
+2. Turn k+1 resends turn k's messages: the line's messages but the last two, joined, are
+   looked up among the earlier lines' (kept by their count, byte length and last message,
+   compared byte for byte), and only the messages after them are looked at.
+3. Each distinct message (by its bytes) is parsed and rendered once; with a per-message
+   template (llama3, chatml) each distinct piece is also tokenized once and prompts are
+   assembled from their pieces' tokens (:mod:`kvsim.io.tokenize.message_tokens`).
+
+A line that is not the plain case (bad JSON, a message that is not a role and a text, ...) is
+read by the general reader, which also writes the error.
 """
 from __future__ import annotations
 
@@ -73,13 +80,14 @@ class ChatReader(JsonRequestReader):
         self._forget()
 
     def _forget(self) -> None:
-        # a message's key (kvsim.io.readers.chat_scan) -> (role, content, handle of its piece or None,
-        # the piece's characters), or None when it is not the plain case (its lines are read by
-        # the general reader)
+        # a message's JSON bytes -> (role, content, handle of its piece or None, the piece's
+        # characters), or None when it is not the plain case (its lines are read by the general
+        # reader)
         self._seen: dict[bytes, tuple[str, str, int | None, int] | None] = {}
-        # (count, the raw messages of a line joined) -> their roles, handles (or (role, content)
-        # pairs) and the characters of their pieces; taken out when a later line extends them
-        self._lists: dict[tuple[int, bytes], tuple[list, list, int]] = {}
+        # a line's messages, by (count, byte length, last message's bytes) -> (their bytes
+        # joined, role codes, handles (or (role, content) pairs), the characters of their
+        # pieces); taken out when a later line extends them
+        self._lists: dict[tuple[int, int, bytes], tuple[bytes, list, list, int]] = {}
         self._held = 0  # bytes held by the two
 
     @classmethod
@@ -245,7 +253,9 @@ class ChatReader(JsonRequestReader):
             size = len(joined) - len(elems[-1]) - len(elems[-2])
             key = (j, size, bytes(elems[j - 1]))
             known = self._lists.get(key)
-            if known is not None and joined.startswith(known[0]):  # the same bytes, every one
+            # the same bytes, every one: the same messages (a kept line's messages are JSON
+            # objects, and an object's bytes decide where it ends)
+            if known is not None and joined.startswith(known[0]):
                 del self._lists[key]
                 self._held -= size
             else:
