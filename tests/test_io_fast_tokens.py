@@ -234,3 +234,4 @@ def test_line_blocks_cut_the_file_into_its_lines(tmp_path, lines, end, size, fir
         got += block.tobytes()
         assert got.endswith(b"\n") or got == data  # whole lines only
     assert got == data
+    assert b"".join(b.tobytes() for _, b in Source(path).line_blocks(size=size, first=first, numbered=False)) == data

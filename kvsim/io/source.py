@@ -89,16 +89,19 @@ class Source:
                               lineno)
         return None if not text or text.isspace() else text  # (isspace stops at the first letter)
 
-    def line_blocks(self, size: int = BLOCK_BYTES, first: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    def line_blocks(self, size: int = BLOCK_BYTES, first: int | None = None,
+                    numbered: bool = True) -> Iterator[tuple[int, np.ndarray]]:
         """The file as blocks of whole lines: (number of the block's first line, bytes); the
-        first block of an uncompressed file holds about ``first`` bytes when given.
+        first block of an uncompressed file holds about ``first`` bytes when given. Without
+        ``numbered`` the lines of an uncompressed file are not counted (a caller that counts
+        them itself gets 1 for every block).
 
         Every block but the last ends with a newline. Compressed input is read line by line,
         exactly as :meth:`lines` reads it, so a broken stream fails at the same line.
         """
         stream, raw = self.open_binary()
         with raw, stream:
-            blocks = (_plain_blocks(raw, size, first or size) if stream is raw
+            blocks = (_plain_blocks(raw, size, first or size, numbered) if stream is raw
                       else _stream_blocks(self.path, stream, size))
             for first, block in blocks:
                 yield first, block
@@ -227,7 +230,7 @@ class Source:
                 pos += 1
 
 
-def _plain_blocks(raw: IO[bytes], size: int, first: int) -> Iterator[tuple[int, np.ndarray]]:
+def _plain_blocks(raw: IO[bytes], size: int, first: int, numbered: bool = True) -> Iterator[tuple[int, np.ndarray]]:
     """Blocks of whole lines of an uncompressed file, read into one reused buffer (the first
     read fills ``first`` bytes of it at most; a bytearray, see :func:`block_buffer`)."""
     data = bytearray(max(size, first))
@@ -249,7 +252,8 @@ def _plain_blocks(raw: IO[bytes], size: int, first: int) -> Iterator[tuple[int, 
                 limit = len(data)
             continue
         yield line, buf[:last + 1]
-        line += data.count(b"\n", 0, last + 1)
+        if numbered:
+            line += data.count(b"\n", 0, last + 1)
         tail = filled - last - 1
         data[:tail] = data[last + 1:filled]
         filled = tail

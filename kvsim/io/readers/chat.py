@@ -141,11 +141,11 @@ class ChatReader(JsonRequestReader):
         batch: list[PendingRequest] = []
         weight = 0
         started = False
-        for first_line, block in src.line_blocks():
+        line = 0  # (counted here: the blocks of a plain file come unnumbered)
+        for _, block in src.line_blocks(numbered=False):
             data = block_buffer(block)
             view, find = memoryview(data), data.find
             pos, end = 0, len(block)
-            line = first_line - 1
             while pos < end and not ctx.full():
                 stop = find(b"\n", pos, end)
                 if stop < 0:
