@@ -27,9 +27,6 @@ import numpy as np
 #: rely on
 CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|"""
                   r"""\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
-#: ASCII letters
-_LETTER = np.zeros(256, bool)
-_LETTER[np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz", np.uint8)] = True
 #: the low k bytes of a little-endian 64-bit word
 _MASK = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], np.uint64)
 _MIX = np.uint64(0x9E3779B97F4A7C15)
@@ -90,7 +87,9 @@ class ChunkTokens:
             return [np.zeros(0, np.int32) for _ in texts]
         buf = np.frombuffer(data + bytes(16), np.uint8)
         text_ends = np.cumsum([len(t) for t in texts], dtype=np.int64)
-        letter = _LETTER[buf[:n]]
+        letter = np.bitwise_or(buf[:n], 0x20)  # A-Z to a-z, and no other byte to a letter
+        letter -= 97
+        letter = letter < 26  # (uint8: below 'a' wraps around)
         # chunk starts: every text's start, and after each letter that a non-letter follows
         is_start = np.zeros(n, bool)
         np.greater(letter[:-1], letter[1:], out=is_start[1:])
@@ -124,8 +123,9 @@ class ChunkTokens:
         index = np.repeat(begin - (offsets - sizes), sizes)
         index += np.arange(total, dtype=np.int64)
         tokens = ids[index]
-        text_tokens = np.bincount(inner, weights=sizes, minlength=len(texts)).astype(np.int64)
-        bounds = np.cumsum(text_tokens).tolist()
+        # each text's ids end where its last chunk's do (an empty text has no chunk)
+        last_chunk = np.searchsorted(inner, np.arange(len(texts)), side="right") - 1
+        bounds = np.where(last_chunk >= 0, offsets[np.maximum(last_chunk, 0)], 0).tolist()
         return [tokens[a:b] for a, b in zip([0, *bounds[:-1]], bounds)]
 
     def _entries(self, keys, words, short, data: bytes, starts, ends) -> np.ndarray | None:
