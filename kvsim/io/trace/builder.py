@@ -100,8 +100,7 @@ class TraceBuilder:
         self._parts.append(part)
         pending = [p for p in self._parts if isinstance(p, Future) and not p.done()]
         # bound the memory held by batches waiting for tokenization (four: with two, the chat
-        # reader waited for the tokenizing thread about 0.1 s a 48 MB log, 6.5x against 7.5x the
-        # loop in bench_chat's measure, nine runs in turn)
+        # reader waited about 0.1 s for the tokenizing thread on a 48 MB log; docs/performance.md)
         if len(pending) > 4:
             pending[0].result()
 
