@@ -26,7 +26,8 @@ Sections (``--only``, comma-separated; default all but ``first_run``):
   (start-up cancelled), trace cache on and empty, as ``phases`` runs it;
 - ``chat``: the chat log read whole (``kvsim --no-trace-cache inspect``) against a script
   running the per-request loop (parse, render the Llama-3 template, tiktoken encode), each
-  minus the same on the log's first line (start-up cancelled), and both in one process;
+  minus the same on the log's first line (start-up cancelled; with ``--baseline`` the other
+  code's command runs in turn too), and both in one process;
 - ``second``: the second read of a log: a command that stores the trace (empty cache) and
   the next one (maps it), and a command on the Parquet file ``kvsim convert`` wrote;
 - ``first_run``: ``pip install`` of a clean export of the repository (``git archive HEAD``)
@@ -41,6 +42,7 @@ Sections (``--only``, comma-separated; default all but ``first_run``):
     KVSIM_ORACLE_PYTHON=.oracle-venv/bin/python .venv/bin/python bench/bench_commands.py --only engines
     .venv/bin/python bench/bench_commands.py --only first_run --fresh-venv /tmp/kvsim-fresh
     .venv/bin/python bench/bench_commands.py --only phases --baseline /tmp/kvsim-before  # old code in turn
+    .venv/bin/python bench/bench_commands.py --only chat --runs 9 --baseline /tmp/kvsim-before
 """
 from __future__ import annotations
 
@@ -260,29 +262,41 @@ print(sum(map(len, prompts)))
 """
 
 
-def bench_chat(files: dict, runs: int, env: dict) -> dict:
+def bench_chat(files: dict, runs: int, env: dict, baseline: dict | None = None) -> dict:
+    """The chat log read whole against the loop (start-up cancelled); with ``baseline`` (the
+    environment of other code) that code's kvsim runs in turn too, its figures under "baseline"."""
     loop = [sys.executable, "-c", LOOP.format(bench=str(HERE))]
     inspect = ["--no-trace-cache", "inspect"]
-    walls: dict[str, list[float]] = {k: [] for k in ("loop", "loop_one", "kvsim", "kvsim_one")}
-    kv_runs, kv_one_runs = [], []
-    profiled([*inspect, files["chat"]], env, False)
+    variants = {"kvsim": env, **({"baseline": {**env, **baseline}} if baseline else {})}
+    walls: dict[str, list[float]] = {"loop": [], "loop_one": []}
+    kv_runs: dict[str, tuple[list, list]] = {v: ([], []) for v in variants}
+    for e in variants.values():
+        profiled([*inspect, files["chat"]], e, False)
     for _ in range(runs):
-        walls["loop"].append(run([*loop, str(files["chat"])])[0])
-        walls["loop_one"].append(run([*loop, str(files["chat_one"])])[0])
-        kv_runs.append(profiled([*inspect, files["chat"]], env, False))
-        kv_one_runs.append(profiled([*inspect, files["chat_one"]], env, False))
-    walls["kvsim"] = [r["wall_s"] for r in kv_runs]
-    walls["kvsim_one"] = [r["wall_s"] for r in kv_one_runs]
+        walls["loop"].append(run([*loop, str(files["chat"])], env)[0])
+        walls["loop_one"].append(run([*loop, str(files["chat_one"])], env)[0])
+        for v, e in variants.items():
+            kv_runs[v][0].append(profiled([*inspect, files["chat"]], e, False))
+            kv_runs[v][1].append(profiled([*inspect, files["chat_one"]], e, False))
     loop_d = med(a - b for a, b in zip(walls["loop"], walls["loop_one"]))
-    kv_d = med(a - b for a, b in zip(walls["kvsim"], walls["kvsim_one"]))
+    out: dict = {"loop_s": med(walls["loop"]), "loop_one_s": med(walls["loop_one"]), "loop_minus_one_s": loop_d}
+    for v, (full, one) in kv_runs.items():
+        kv_d = med(a["wall_s"] - b["wall_s"] for a, b in zip(full, one))
+        figures = {"kvsim_s": med(r["wall_s"] for r in full), "kvsim_one_s": med(r["wall_s"] for r in one),
+                   "kvsim_minus_one_s": kv_d, "whole_ratio": med(walls["loop"]) / med(r["wall_s"] for r in full),
+                   "startup_cancelled_ratio": loop_d / kv_d,
+                   "run_ratios": [round((la - lb) / (a["wall_s"] - b["wall_s"]), 2) for la, lb, a, b
+                                  in zip(walls["loop"], walls["loop_one"], full, one)],
+                   "kvsim_phases": summarize(full), "kvsim_one_phases": summarize(one)}
+        if v == "kvsim":
+            out.update(figures)
+        else:
+            out[v] = figures
+        print(f"  chat [{v}]: whole {figures['whole_ratio']:.1f}x, start-up cancelled "
+              f"{figures['startup_cancelled_ratio']:.1f}x", file=sys.stderr, flush=True)
     in_process = bench_ingest.bench_chat({"chat": files["chat"], "mixture": files["chat"]}, runs)[0]
-    out = {"loop_s": med(walls["loop"]), "loop_one_s": med(walls["loop_one"]), "kvsim_s": med(walls["kvsim"]),
-           "kvsim_one_s": med(walls["kvsim_one"]), "loop_minus_one_s": loop_d, "kvsim_minus_one_s": kv_d,
-           "whole_ratio": med(walls["loop"]) / med(walls["kvsim"]), "startup_cancelled_ratio": loop_d / kv_d,
-           "kvsim_phases": summarize(kv_runs), "kvsim_one_phases": summarize(kv_one_runs),
-           "in_process": {k: in_process[k] for k in ("loop_s", "kvsim_s", "ratio", "same_prompts")}}
-    print(f"  chat: whole {out['whole_ratio']:.1f}x, start-up cancelled {out['startup_cancelled_ratio']:.1f}x, "
-          f"in process {in_process['ratio']:.1f}x", file=sys.stderr, flush=True)
+    out["in_process"] = {k: in_process[k] for k in ("loop_s", "kvsim_s", "ratio", "same_prompts")}
+    print(f"  chat: in process {in_process['ratio']:.1f}x", file=sys.stderr, flush=True)
     return out
 
 
@@ -381,7 +395,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--real-runs", type=int, default=1, help="runs of the real engines (engines)")
     ap.add_argument("--fresh-venv", type=Path, default=Path("/tmp/kvsim-fresh-venv"))
-    ap.add_argument("--baseline", type=Path, help="phases: also run the kvsim code in this folder (a checkout), "
+    ap.add_argument("--baseline", type=Path, help="phases, chat: also run the kvsim code in this folder (a checkout), "
                     "in turn with this one")
     ap.add_argument("--json", type=Path, help="write the measurements here")
     args = ap.parse_args()
@@ -396,7 +410,7 @@ def main() -> None:
         baseline = {"PYTHONPATH": str(args.baseline.resolve())} if args.baseline else None
         steps = {"phases": lambda: bench_phases(files, args.runs, env, args.command, baseline),
                  "engines": lambda: bench_engines(files, args.runs, args.real_runs, env),
-                 "chat": lambda: bench_chat(files, args.runs, env),
+                 "chat": lambda: bench_chat(files, args.runs, env, baseline),
                  "second": lambda: bench_second(files, args.runs, env),
                  "first_run": lambda: bench_first_run(files, args.runs, args.fresh_venv)}
         for name in SECTIONS:

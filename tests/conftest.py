@@ -25,3 +25,5 @@ def words_on_small_texts(monkeypatch):
     """Every tokenization in bulk takes the compiled word path (kvsim.io.tokenize.word_tokens), however
     small, so the tests that compare a trace with tiktoken's encode also check that path."""
     monkeypatch.setattr("kvsim.io.tokenize.tokenizers.WORD_PATH_MIN_CHARS", 0)
+    monkeypatch.setattr("kvsim.io.tokenize.tokenizers.WORD_PATH_AFTER_CHARS", 0)
+    monkeypatch.setattr("kvsim.io.tokenize.tokenizers.WORD_PATH_IN_BACKGROUND", False)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import kvsim
@@ -213,3 +213,25 @@ def test_line_bounds_eight_bytes_at_a_time_equal_newline_positions(data, skip):
     if len(buf) and buf[-1] != 10:
         expected.append(len(buf))  # a last line without a newline
     assert line_bounds(buf).tolist() == expected
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), min_size=1, max_size=12),
+       end=st.booleans(), size=st.integers(4, 64), first=st.integers(1, 64))
+def test_line_blocks_cut_the_file_into_its_lines(tmp_path, lines, end, size, first):
+    """Blocks of whole lines (lines longer than the buffer grow it), numbered by their first
+    line, together the file; block_buffer gives each block's bytes (the reader's own buffer)."""
+    from kvsim.io.source import Source, block_buffer
+
+    data = b"\n".join(lines) + (b"\n" if end else b"")
+    assume(not data.startswith(b"\x1f\x8b"))  # (gzip: read line by line)
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(data)
+    got = b""
+    for number, block in Source(path).line_blocks(size=size, first=first):
+        assert bytes(block_buffer(block)[:len(block)]) == block.tobytes()
+        assert number == 1 + got.count(b"\n")  # the number of the block's first line
+        got += block.tobytes()
+        assert got.endswith(b"\n") or got == data  # whole lines only
+    assert got == data
+    assert b"".join(b.tobytes() for _, b in Source(path).line_blocks(size=size, first=first, numbered=False)) == data

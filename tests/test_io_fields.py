@@ -119,3 +119,29 @@ def test_plain_json_bytes_falls_back_where_the_fast_decoder_refuses():
         assert strict(plain_json_bytes(raw)) == strict(json.loads(raw))
     assert plain_json_bytes(b"\xff") is None and plain_json_bytes(b' {"a": 1}') is None
     assert plain_json_bytes(b'{"n": 123456789012345678901234567890}') == {"n": 123456789012345678901234567890}
+
+
+@settings(max_examples=2000, deadline=None)
+@given(records)
+def test_the_typed_chat_line_takes_only_what_the_shortcut_takes(rec):
+    """The chat fast path decodes a line of the usual fields with msgspec types (one call, no
+    checks in Python): where that decoding succeeds, the shortcut takes the record too, with
+    the same values, as json.loads reads the line."""
+    from kvsim.io.readers.chat import _decoders
+
+    rec = {k: v for k, v in rec.items() if k != "messages"}
+    try:
+        line = json.dumps({"messages": [], **rec}).encode()
+    except ValueError:
+        return
+    try:
+        typed = _decoders().plain(line)
+    except _decoders().malformed:  # (ValidationError is one)
+        return
+    shortcut = _plain_fields(json.loads(line))
+    assert shortcut is not None
+    got = (typed.timestamp, typed.session_id, typed.request_id, typed.model, typed.max_tokens, typed.output_length,
+           typed.response)
+    want = (None if math.isnan(shortcut.arrival) else shortcut.arrival, shortcut.session, shortcut.request_id,
+            shortcut.model, shortcut.max_tokens, shortcut.logged_output, shortcut.reply)
+    assert got == want and [type(v) for v in got[1:]] == [type(v) for v in want[1:]]

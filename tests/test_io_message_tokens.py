@@ -1,7 +1,7 @@
 """Chat prompts assembled from each distinct message's tokens (kvsim.io.tokenize.message_tokens), the
-messages found by the compiled chat scanner (kvsim.io.readers.chat_scan): token for token and message
-start for message start what rendering and tokenizing each whole prompt gives, and the same
-trace or the same error as the general reader on the same bytes."""
+messages of each line read raw by the chat reader's fast path (kvsim.io.readers.chat): token for
+token and message start for message start what rendering and tokenizing each whole prompt gives,
+and the same trace or the same error as the general reader on the same bytes."""
 from __future__ import annotations
 
 import gzip
@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 import kvsim
 from kvsim.errors import InputError
-from kvsim.io.readers.chat_scan import BLANK, DECLINED, FAST, ChatScan
 from kvsim.io.tokenize.message_tokens import MessageTokens
 from kvsim.io.tokenize.pieces import PieceEncoder, cut_strings
 from kvsim.io.readers.base import LoadContext
@@ -32,10 +31,10 @@ LOCAL = [name for name, t in BUILTIN.items() if t.local is not None]
 
 
 @contextmanager
-def chat_path(scanner: bool = True, piecewise: bool = True):
-    """Read chat logs with the scanner (any size) or without it, piece by piece or whole."""
+def chat_path(fast: bool = True, piecewise: bool = True):
+    """Read chat logs by the fast path (any size) or without it, piece by piece or whole."""
     saved = ChatReader.fast_min_bytes
-    ChatReader.fast_min_bytes = 0 if scanner else 1 << 62
+    ChatReader.fast_min_bytes = 0 if fast else 1 << 62
     LoadContext.piecewise = piecewise
     try:
         yield
@@ -44,8 +43,8 @@ def chat_path(scanner: bool = True, piecewise: bool = True):
         LoadContext.piecewise = True
 
 
-def outcome(path: Path, scanner: bool, piecewise: bool = True, **kw):
-    with chat_path(scanner, piecewise):
+def outcome(path: Path, fast: bool, piecewise: bool = True, **kw):
+    with chat_path(fast, piecewise):
         try:
             return kvsim.load_trace(path, **kw)
         except InputError as e:
@@ -90,6 +89,18 @@ def test_joins_only_where_the_ids_simply_concatenate(tokenizer, left, right):
             assert tok.encode(left + right) == tok.encode(left) + tok.encode(right)
 
 
+def test_joins_after_newlines_needs_no_pattern_match():
+    """After a template text ending in newlines, a reply starting with a visible ASCII character
+    joins (what joins answers without compiling the pattern) as the pattern says it does."""
+    tok = get_tokenizer("cl100k_base", BUILTIN["llama3"].special_tokens + BUILTIN["chatml"].special_tokens)
+    for first in map(chr, range(33, 127)):
+        for run in ("\n", "\n\n", "\n\n\n"):
+            assert tok._run_joins(run, first), (run, first)  # the pattern's answer
+        for name in ("llama3", "chatml"):
+            before = BUILTIN[name].local.parts("assistant", "x")[0]  # the template text before a reply
+            assert tok.joins(before, first + "x", right_plain=True)
+
+
 def test_a_reply_repeated_in_the_next_turn_is_not_tokenized_again(monkeypatch):
     tmpl = BUILTIN["llama3"]
     tok = get_tokenizer("cl100k_base", tmpl.special_tokens)
@@ -106,60 +117,7 @@ def test_a_reply_repeated_in_the_next_turn_is_not_tokenized_again(monkeypatch):
     assert not any(reply in text for text in encoded)
 
 
-# -- the scanner on its own --------------------------------------------------------------------
-def scan(data: bytes) -> ChatScan:
-    return ChatScan(np.frombuffer(data, np.uint8))
-
-
-def test_scanner_finds_messages_and_keys_equal_bytes_alike():
-    a = b'{"role":"user","content":"hi \\"there\\" {[,]}"}'
-    b = b'{"role": "assistant", "content": "ok"}'
-    lines = [b'{"model": "m", "messages": [' + a + b' , ' + b + b'], "x": {"messages": 1}}',
-             b'  ', b'{"messages":[' + a + b']}', b'{"messages": []}', b'{"messages": ["text"]}',
-             b'{"messages": [' + a + b'], "messages": [' + a + b']}', b'{"messag\\u0065s": [' + a + b']}',
-             b'[1]', b'{"messages": [' + a + b',]}']
-    s = scan(b"\n".join(lines) + b"\n")
-    assert s.status.tolist() == [FAST, BLANK, FAST, *[DECLINED] * 6]
-    data = s.data
-    (s0, e0, *key_a, pre_a), (s1, e1, *key_b, _) = [(r[0], r[1], r[2], r[3], (r[4], r[5])) for r in s.elements(0)]
-    assert data[s0:e0] == a and data[s1:e1] == b
-    (t0, u0, *key_a2, pre_a2), = [(r[0], r[1], r[2], r[3], (r[4], r[5])) for r in s.elements(2)]
-    assert data[t0:u0] == a and key_a2 == key_a and pre_a2 == pre_a  # same bytes, same keys
-    assert key_a != key_b
-    ms, me = s.span(0)
-    assert data[ms:me] == b"[" + a + b" , " + b + b"]"
-
-
-def test_scanner_counts_the_messages_an_earlier_line_held_all_of():
-    from kvsim.io.readers.chat_scan import LineLists
-
-    m = [b'{"role":"user","content":"%d"}' % i for i in range(6)]
-
-    def line(*idx, rest=b""):
-        return b'{"messages":[' + b",".join(m[i] for i in idx) + b"]" + rest + b"}"
-
-    lists = LineLists()
-    first = scan(b"\n".join([line(0), line(0, 1, 2), line(0, 1, 2, 3, 4), b'{"messages": [' + m[5] + b"]"]) + b"\n")
-    assert first.status.tolist() == [FAST, FAST, FAST, DECLINED]
-    first = ChatScan(np.frombuffer(first.data, np.uint8), lists)
-    assert [first.history(k)[0] for k in range(3)] == [0, 1, 3]
-    after = [r[:2] for r in first.history(2)[2]]
-    assert [first.data[a:b] for a, b in after] == [m[3], m[4]]
-    # later blocks see the lines of earlier ones; a line that was declined is not one of them
-    later = ChatScan(np.frombuffer(b"\n".join([line(0, 1), line(0, 1, 2, 3, 4), line(5), line(0, 1, 2, 5, 0)]),
-                                   np.uint8), lists)
-    known, whole = [later.history(k)[0] for k in range(4)], [first.history(k)[3] for k in range(3)]
-    assert known == [1, 5, 0, 3]
-    assert later.first_key(3, 3) == whole[1] and later.first_key(3, 1) == whole[0]
-    assert later.first_key(1, 5) == whole[2] and later.first_key(0, 1) == whole[0]
-    assert [later.history(k)[1] for k in (0, 1, 3)] == [whole[0], whole[2], whole[1]]
-    for k in range(4):
-        assert later.history(k)[2] == [r[:4] for r in later.elements(k)[known[k]:]]
-    lists.room(100_000)  # grown and rehashed: the same lines are known
-    again = ChatScan(np.frombuffer(line(0, 1, 2, 3, 4, 5), np.uint8), lists)
-    assert again.history(0)[0] == 5 and len(lists.keys) >= 200_000
-
-
+# -- the token scanner's string skipping ---------------------------------------------------
 def words_of(data: bytes) -> tuple[np.ndarray, np.ndarray]:
     from kvsim.io.readers.token_scan import as_words
 
@@ -179,24 +137,6 @@ def test_eight_byte_skipping_equals_the_byte_by_byte_scanner(data, start):
     assert _skip_string(buf, words, 0, end) == _skip_string(buf, None, 0, end)
     start = min(start, end)
     assert _skip_value(buf, words, start, end) == _skip_value(buf, None, start, end)
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.binary(max_size=70), st.integers(0, 15), st.integers(0, 15))
-def test_message_keys_depend_on_the_bytes_only(data, pad_a, pad_b):
-    from kvsim.io.readers.chat_scan import _key
-
-    keys = []
-    for pad in (pad_a, pad_b):  # the same bytes at another alignment
-        buf, words = words_of(b"#" * pad + data + b"#")
-        row = np.zeros(6, np.int64)
-        _key(buf, words, pad, pad + len(data), row)
-        keys.append(tuple(row[2:4]))
-    assert keys[0] == keys[1]
-    buf, words = words_of(data + b"!")
-    row = np.zeros(6, np.int64)
-    _key(buf, words, 0, len(data) + 1, row)  # one byte more: another key
-    assert tuple(row[2:4]) != keys[0]
 
 
 # -- whole logs --------------------------------------------------------------------------------
@@ -229,11 +169,11 @@ def jinja_templates(tmp_path_factory):
 
 @pytest.mark.parametrize("tokenizer", TOKENIZERS)
 @pytest.mark.parametrize("name", TEMPLATES)
-def test_scanned_log_equals_whole_prompt_reading(tmp_path, jinja_templates, name, tokenizer):
+def test_fast_read_log_equals_whole_prompt_reading(tmp_path, jinja_templates, name, tokenizer):
     path = multi_turn_log(tmp_path / "chat.jsonl")
     tmpl = jinja_templates.get(name, name)
-    fast = outcome(path, scanner=True, tokenizer=tokenizer, chat_template=tmpl)
-    slow = outcome(path, scanner=False, piecewise=False, tokenizer=tokenizer, chat_template=tmpl)
+    fast = outcome(path, fast=True, tokenizer=tokenizer, chat_template=tmpl)
+    slow = outcome(path, fast=False, piecewise=False, tokenizer=tokenizer, chat_template=tmpl)
     assert_same_trace(fast, slow)
 
 
@@ -245,12 +185,12 @@ def test_compiled_gathering_equals_numpy_gathering(tmp_path, monkeypatch, name):
     traces = []
     for threshold in (0, 1 << 62):  # every batch compiled / none
         monkeypatch.setattr(mt, "COMPILED_GATHER_TOKENS", threshold)
-        traces.append(outcome(path, scanner=True, chat_template=name))
+        traces.append(outcome(path, fast=True, chat_template=name))
     assert_same_trace(*traces)
     assert traces[0].msg_starts.size > 0  # messages were recorded
 
 
-# -- fuzzing: the scanner path against the general reader on the same bytes --------------------
+# -- fuzzing: the fast path against the general reader on the same bytes -----------------------
 MESSAGE_KEYS = ['"messages"', '"messag\\u0065s"', '"role"', '"content"']
 JSONISH = '{}[]",:0123456789 \t\\u_rolecntsmag\xe9'
 
@@ -287,14 +227,14 @@ def chat_lines(draw):
                       min_size=1, max_size=5),
        template=st.sampled_from(list(BUILTIN)), on_error=st.sampled_from(["fail", "skip"]),
        limit=st.sampled_from([None, None, 2]), gz=st.booleans())
-def test_scanner_and_general_reader_agree_on_any_bytes(lines, template, on_error, limit, gz):
+def test_fast_path_and_general_reader_agree_on_any_bytes(lines, template, on_error, limit, gz):
     first = b'{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]}'
     data = b"\n".join([first, *lines]) + b"\n"
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / ("log.jsonl.gz" if gz else "log.jsonl")
         path.write_bytes(gzip.compress(data) if gz else data)
         kw = dict(format="chat", tokenizer="bytes", chat_template=template, on_error=on_error, limit=limit)
-        fast, general = outcome(path, scanner=True, **kw), outcome(path, scanner=False, piecewise=False, **kw)
+        fast, general = outcome(path, fast=True, **kw), outcome(path, fast=False, piecewise=False, **kw)
         if isinstance(fast, str) or isinstance(general, str):
             assert fast == general
         else:
@@ -309,9 +249,8 @@ def test_scanner_and_general_reader_agree_on_any_bytes(lines, template, on_error
 def test_history_found_again_when_lines_in_between_are_read_otherwise(turns, held, template):
     """Sessions whose turns are sometimes read by the general reader (a message that is not the
     plain case, a bad record skipped, an unusual field) and a reader that forgets what it holds
-    (``held``, in batches of two requests): the scanner's count of known messages then points
-    at a line the fast path did not keep, and the reader looks for a shorter one. Same trace
-    as the general reader."""
+    (``held``, in batches of two requests): the turn before is then not one the fast path kept,
+    and the line's messages are looked up one by one. Same trace as the general reader."""
     import kvsim.io.readers.chat as chat_reader
 
     histories: dict[int, list] = {}
@@ -335,6 +274,6 @@ def test_history_found_again_when_lines_in_between_are_read_otherwise(turns, hel
             if held is not None:
                 mp.setattr(chat_reader, "MAX_HELD_CHARS", held)
                 mp.setattr(ChatReader, "batch_requests", 2)
-            fast = outcome(path, scanner=True, **kw)
-        general = outcome(path, scanner=False, piecewise=False, **kw)
+            fast = outcome(path, fast=True, **kw)
+        general = outcome(path, fast=False, piecewise=False, **kw)
         assert_same_trace(fast, general)

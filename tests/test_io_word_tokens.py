@@ -141,3 +141,68 @@ def test_a_chat_log_of_real_prose_reads_as_with_tiktoken(tmp_path, monkeypatch):
     by_tiktoken = kvsim.load_trace(log)
     for name in ("offsets", "tokens", "output_offsets", "output_tokens", "msg_starts"):
         assert np.array_equal(getattr(by_words, name), getattr(by_tiktoken, name)), name
+
+
+# -- the numba-free chunk path (kvsim.io.tokenize.chunk_tokens) ----------------------------------
+ASCII = [chr(i) for i in range(1, 128)] + [
+    "'s", "'S", "'ll", "'lL", "'ve", "'Re", "'dog", " 'm", "  ", "\n\n", " \n", "\r\n", " \n x", "\t\n ", "123456",
+    "hello", " world", "HELLO", " internationalization", "...", "!!!???", " a1b2c3", "\x0b\x0c\x1c",
+]
+ascii_texts = st.lists(st.lists(st.sampled_from(ASCII), max_size=60).map("".join), min_size=1, max_size=6)
+
+
+def chunks(tok) -> "ChunkTokens":
+    from kvsim.io.tokenize.chunk_tokens import ChunkTokens
+
+    return ChunkTokens(tok._enc, tok.special_token_ids)
+
+
+def by_chunks(store, tok, batch):
+    return [a.tolist() for a in store.encode(batch, tok._encode_whole)]
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=st.one_of(ascii_texts, texts))
+def test_chunks_equal_tiktoken_on_any_text(tok, batch):
+    """ASCII texts cut after each letter that a non-letter follows, each distinct chunk encoded
+    once (the others left to tiktoken): tiktoken's ids, in a fresh store and in a used one."""
+    assert by_chunks(chunks(tok), tok, batch) == expected(tok, batch)
+    assert by_chunks(tok._chunks, tok, batch) == expected(tok, batch)
+
+
+def test_chunks_with_one_key_are_never_confused(tok, monkeypatch):
+    """Keys that meet (here: every chunk of 9 to 16 bytes keyed by its first 8) send the call
+    to tiktoken; chunks longer than 16 bytes are kept by their bytes."""
+    from kvsim.io.tokenize import chunk_tokens
+
+    monkeypatch.setattr(chunk_tokens, "_MIX", np.uint64(0))
+    store = chunks(tok)
+    batch = [" abcdefghij abcdefghik", " internationalization internationalizations"]
+    assert by_chunks(store, tok, batch) == expected(tok, batch)
+    assert by_chunks(store, tok, [" abcdefghij", " abcdefghik"]) == expected(tok, [" abcdefghij", " abcdefghik"])
+    assert by_chunks(store, tok, batch[1:]) == expected(tok, batch[1:])
+
+
+def test_chunks_forgotten_beyond_their_bound(tok, monkeypatch):
+    from kvsim.io.tokenize import chunk_tokens
+
+    monkeypatch.setattr(chunk_tokens, "MAX_CHUNKS", 3)
+    store = chunks(tok)
+    batch = ["one two three four five", "six seven"]
+    assert by_chunks(store, tok, batch) == expected(tok, batch)
+    assert by_chunks(store, tok, ["eight nine"]) == expected(tok, ["eight nine"])
+    assert len(store._starts) - 1 == 2  # started again from nothing: "eight", " nine"
+
+
+def test_bulk_tokenization_takes_the_chunk_path_without_numba(tok, monkeypatch):
+    """Before the word path is loaded (WORD_PATH_AFTER_CHARS, numba not imported), bulk
+    tokenization goes through the chunk path."""
+    from kvsim.io.tokenize import tokenizers
+
+    fresh_tok = tokenizers.TiktokenTokenizer(tok._enc, [])
+    monkeypatch.setattr(tokenizers, "WORD_PATH_AFTER_CHARS", 1 << 62)
+    monkeypatch.setitem(__import__("sys").modules, "numba", None)  # as if numba were not imported
+    monkeypatch.delitem(__import__("sys").modules, "numba")
+    batch = ["a longer text " * 3000, "x"]
+    assert [a.tolist() for a in fresh_tok.encode_arrays(batch)] == expected(tok, batch)
+    assert "_words" not in fresh_tok.__dict__ and len(fresh_tok._chunks._starts) > 1

@@ -67,6 +67,6 @@ def test_a_command_compiles_only_its_kernels_and_says_so_once(fresh_user_cache, 
     assert len(notes) == 1 and "compiling kvsim's kernels" in notes[0] and str(folder) in notes[0]
     modules = {p.name.split(".")[0] for p in folder.rglob("*.nbi")}
     assert "token_scan" in modules
-    assert not modules & {"chat_scan", "word_scan", "gather", "manager_jit", "hash_kernels"}
+    assert not modules & {"word_scan", "gather", "manager_jit", "hash_kernels"}
     second = _python(code, env)
     assert second.returncode == 0 and second.stderr == ""

@@ -36,3 +36,14 @@ def test_simulate_on_a_small_chat_log_imports_only_what_it_uses(tmp_path):
     assert imported_by(["--no-trace-cache", "simulate", "--tokenizer", "bytes", str(log)]) == {"numpy"}
     # with tiktoken: a one-request log stays below the word path's size (no compiled code)
     assert imported_by(["--no-trace-cache", "simulate", str(log)]) == {"numpy", "tiktoken"}
+
+
+def test_inspect_of_a_large_chat_log_loads_no_compiled_code(tmp_path):
+    """A chat log above the fast path's size (1 MB) is read without numba: msgspec, tiktoken and
+    numpy (its import and kernels would cost more than they save on such a log)."""
+    log = tmp_path / "chat.jsonl"
+    done = subprocess.run([sys.executable, "-c", "from kvsim.cli import main; main()", "generate", "support_chat",
+                           "-o", str(log), "--sessions", "40", "--turns", "6"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert log.stat().st_size > 1 << 20
+    assert imported_by(["--no-trace-cache", "inspect", str(log)]) == {"numpy", "tiktoken"}

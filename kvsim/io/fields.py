@@ -185,9 +185,15 @@ def _plain_fields(rec: dict) -> CommonFields | None:
     """What :func:`_all_fields` gives for the common record (only the keys above, each of the
     plain type: a finite number, non-empty strings, in-range integer lengths, a reply string),
     with fewer checks; None for anything else."""
-    f = CommonFields()
     get = rec.get
-    t = get("timestamp")
+    return plain_fields(get("timestamp"), get("session_id"), get("request_id"), get("model"), get("max_tokens"),
+                        get("output_length"), get("response"))
+
+
+def plain_fields(t: Any, session: Any, request_id: Any, model: Any, max_tokens: Any, output_length: Any,
+                 reply: Any) -> CommonFields | None:
+    """:func:`_plain_fields` of a record holding these values (None: absent or null)."""
+    f = CommonFields()
     if t is not None:
         if type(t) is not float and type(t) is not int:
             return None
@@ -198,17 +204,14 @@ def _plain_fields(rec: dict) -> CommonFields | None:
         if not math.isfinite(t):
             return None
         f.arrival = t
-    session, request_id, model = get("session_id"), get("request_id"), get("model")
     for v in (session, request_id, model):
         if v is not None and (type(v) is not str or not v):
             return None
     f.session, f.request_id, f.model = session, request_id, model
-    for key in ("max_tokens", "output_length"):
-        v = get(key)
+    for v in (max_tokens, output_length):
         if v is not None and (type(v) is not int or not 0 <= v <= MAX_LENGTH):
             return None
-    f.max_tokens, f.logged_output = get("max_tokens"), get("output_length")
-    reply = get("response")
+    f.max_tokens, f.logged_output = max_tokens, output_length
     if reply is not None and type(reply) is not str:
         return None
     f.reply = reply

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -89,6 +90,7 @@ def _read(sources: list[Path], format: str, tokenizer: str, chat_template: str, 
     meta = TraceMeta(sources=[str(p) for p in sources])
     with ExitStack() as stack:
         stack.enter_context(_cycle_collector_paused())
+        stack.enter_context(_threads_switching_often())
         bar = _progress_bar(sources, stack) if progress else None
         ctx.executor = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvsim-tok"))
         done_bytes = 0
@@ -121,6 +123,24 @@ def _cycle_collector_paused():
     finally:
         if was_on:
             gc.enable()
+
+
+#: how long a thread holds the GIL while another waits for it, while a log is read (seconds)
+READ_SWITCH_INTERVAL_S = 0.0005
+
+
+@contextmanager
+def _threads_switching_often():
+    """Hand the GIL over more often while reading: the tokenizing threads take it back after
+    every call that released it (tokenization, numpy), and with Python's default interval
+    each such return waited up to 5 ms behind the reading thread, which then waited for the
+    batches they hold back."""
+    was = sys.getswitchinterval()
+    sys.setswitchinterval(min(was, READ_SWITCH_INTERVAL_S))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(was)
 
 
 def _paths(paths: PathLike | Sequence[PathLike]) -> list[Path]:

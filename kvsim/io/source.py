@@ -89,16 +89,19 @@ class Source:
                               lineno)
         return None if not text or text.isspace() else text  # (isspace stops at the first letter)
 
-    def line_blocks(self, size: int = BLOCK_BYTES, first: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    def line_blocks(self, size: int = BLOCK_BYTES, first: int | None = None,
+                    numbered: bool = True) -> Iterator[tuple[int, np.ndarray]]:
         """The file as blocks of whole lines: (number of the block's first line, bytes); the
-        first block of an uncompressed file holds about ``first`` bytes when given.
+        first block of an uncompressed file holds about ``first`` bytes when given. Without
+        ``numbered`` the lines of an uncompressed file are not counted (a caller that counts
+        them itself gets 1 for every block).
 
         Every block but the last ends with a newline. Compressed input is read line by line,
         exactly as :meth:`lines` reads it, so a broken stream fails at the same line.
         """
         stream, raw = self.open_binary()
         with raw, stream:
-            blocks = (_plain_blocks(raw, size, first or size) if stream is raw
+            blocks = (_plain_blocks(raw, size, first or size, numbered) if stream is raw
                       else _stream_blocks(self.path, stream, size))
             for first, block in blocks:
                 yield first, block
@@ -227,43 +230,46 @@ class Source:
                 pos += 1
 
 
-def _plain_blocks(raw: IO[bytes], size: int, first: int) -> Iterator[tuple[int, np.ndarray]]:
+def _plain_blocks(raw: IO[bytes], size: int, first: int, numbered: bool = True) -> Iterator[tuple[int, np.ndarray]]:
     """Blocks of whole lines of an uncompressed file, read into one reused buffer (the first
-    read fills ``first`` bytes of it at most)."""
-    buf = np.empty(max(size, first), np.uint8)
+    read fills ``first`` bytes of it at most; a bytearray, see :func:`block_buffer`)."""
+    data = bytearray(max(size, first))
+    buf = np.frombuffer(data, np.uint8)
     filled, line, limit = 0, 1, min(first, size)
     while True:
-        n = raw.readinto(memoryview(buf)[filled:limit])
-        limit = len(buf)
+        n = raw.readinto(memoryview(data)[filled:limit])
+        limit = len(data)
         if not n:
             if filled:
                 yield line, buf[:filled]
             return
         filled += n
-        last = _last_newline(buf, filled)
+        last = data.rfind(b"\n", 0, filled)
         if last < 0:
-            if filled == len(buf):  # one line longer than the buffer: grow it
-                buf = np.concatenate([buf, np.empty(len(buf), np.uint8)])
+            if filled == len(data):  # one line longer than the buffer: grow it
+                data = data + bytearray(len(data))
+                buf = np.frombuffer(data, np.uint8)
+                limit = len(data)
             continue
-        block = buf[:last + 1]
-        yield line, block
-        line += int(np.count_nonzero(block == 10))
+        yield line, buf[:last + 1]
+        if numbered:
+            line += data.count(b"\n", 0, last + 1)
         tail = filled - last - 1
-        buf[:tail] = buf[last + 1:filled].copy()
+        data[:tail] = data[last + 1:filled]
         filled = tail
 
 
-def _last_newline(buf: np.ndarray, end: int) -> int:
-    """Index of the last newline in buf[:end], or -1 (searched backwards in slices)."""
-    step = 1 << 16
-    hi = end
-    while hi > 0:
-        lo = max(0, hi - step)
-        pos = bytes(memoryview(buf)[lo:hi]).rfind(b"\n")
-        if pos >= 0:
-            return lo + pos
-        hi = lo
-    return -1
+def block_buffer(block: np.ndarray) -> bytes | bytearray:
+    """A block of :meth:`Source.line_blocks` as bytes or a bytearray whose first
+    ``len(block)`` bytes are the block's: the buffer it views when it starts there (no copy;
+    valid until the next block is read), else a copy."""
+    base = block.base
+    while isinstance(base, (np.ndarray, memoryview)):
+        base = base.base if isinstance(base, np.ndarray) else base.obj
+    if (isinstance(base, (bytes, bytearray))
+            and block.__array_interface__["data"][0] == np.frombuffer(base, np.uint8).__array_interface__["data"][0]):
+        return base
+    return block.tobytes()
 
 
 def _stream_blocks(path: Path, stream: IO[bytes], size: int) -> Iterator[tuple[int, np.ndarray]]:

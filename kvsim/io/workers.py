@@ -14,10 +14,3 @@ def workers() -> int:
 @functools.lru_cache(maxsize=1)
 def executor() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=workers(), thread_name_prefix="kvsim-io")
-
-
-@functools.lru_cache(maxsize=1)
-def scan_ahead() -> ThreadPoolExecutor:
-    """One thread that scans the next block of a log while the reading thread works on this
-    one (a pool of its own, so a scan never waits behind tokenization)."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvsim-scan")

@@ -31,7 +31,11 @@ class AzureCsvReader(Reader):
 
     @classmethod
     def sniff(cls, src: Source, first_line: str) -> bool:
-        return all(c in _header(first_line) for c in COLUMNS[1:])
+        try:
+            header = _header(first_line)
+        except csv.Error:  # e.g. a carriage return inside the line: not a CSV header
+            return False
+        return all(c in header for c in COLUMNS[1:])
 
     def read(self, src: Source, ctx: LoadContext) -> None:
         in_len: list[int] = []

@@ -3,12 +3,11 @@ tokenizer and template, the trace builder)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import Counter, deque
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping
 
-import numpy as np
 
 from kvsim.errors import InputError
 from kvsim.io.trace.builder import TraceBuilder
@@ -164,11 +163,15 @@ class JsonRequestReader(Reader):
         ctx.requests += len(reqs)
         batch.extend(reqs)
         weight += sum(r.weight for r in reqs)
+        return ([], 0) if self._full(batch, weight, ctx) else (batch, weight)
+
+    def _full(self, batch: list[PendingRequest], weight: int, ctx: LoadContext) -> bool:
+        """Tokenize the batch if it is full (True: it was handed over; start a new one)."""
         smaller = max(0, RAMP_BATCHES - ctx.batches)  # the first batches: 1/8, 1/4, 1/2 of the size
         if len(batch) >= self.batch_requests >> smaller or weight >= self.batch_weight >> smaller:
             self._flush(batch, ctx)
-            return [], 0
-        return batch, weight
+            return True
+        return False
 
     def _flush(self, batch: list[PendingRequest], ctx: LoadContext, last: bool = False) -> None:
         """Tokenize a complete batch in the background (``last``: nothing is read after it, so
@@ -193,12 +196,10 @@ class JsonRequestReader(Reader):
 
     # -- the compiled fast path -------------------------------------------------------------
     def read_scanned(self, src: Source, ctx: LoadContext, scan: Callable[[Any], Any],
-                     fast: Callable[[Any, Any, int, int, LoadContext], list[PendingRequest] | None],
-                     ahead: bool = False) -> bool:
+                     fast: Callable[[Any, Any, int, int, LoadContext], list[PendingRequest] | None]) -> bool:
         """Read ``src`` block by block: ``scan(block)`` gives each line's status (FAST, BLANK
         or declined) and bounds, ``fast(block, scanned, k, line, ctx)`` the requests of an
-        accepted line k (None: the general reader reads it); with ``ahead`` the next block is
-        scanned on another thread meanwhile. False (and nothing read) if the
+        accepted line k (None: the general reader reads it). False (and nothing read) if the
         first record is not one the fast path takes: the general reader then reads the whole
         file, so that its special cases for a first line (one pretty-printed JSON document)
         still apply."""
@@ -207,7 +208,7 @@ class JsonRequestReader(Reader):
         batch: list[PendingRequest] = []
         weight = 0
         started = False
-        for first_line, block, scanned in _scanned_blocks(src, scan, ahead):
+        for first_line, block, scanned in _scanned_blocks(src, scan):
             status = scanned.status
             for k in range(len(status)):
                 if ctx.full():
@@ -281,32 +282,10 @@ class JsonRequestReader(Reader):
         return dict(prompt_text=whole.text, msg_chars=list(whole.message_starts_chars), msg_roles=roles)
 
 
-#: blocks scanned ahead of the one being read (each about 8 MB)
-SCAN_AHEAD_BLOCKS = 2
-#: bytes of the first block scanned ahead (small: the reading thread waits for its scan)
-FIRST_BLOCK_BYTES = 1 << 20
-
-
-def _scanned_blocks(src: Source, scan: Callable[[Any], Any], ahead: bool):
-    """(first line, block, scan of the block) for each block of ``src``; with ``ahead`` each
-    block is copied out of the reader's buffer and scanned on its own thread while the caller
-    works on the ones before."""
-    if not ahead:
-        for first, block in src.line_blocks():
-            yield first, block, scan(block)
-        return
-    from kvsim.io.workers import scan_ahead
-
-    pending: deque = deque()
-    for first, block in src.line_blocks(first=FIRST_BLOCK_BYTES):
-        block = np.frombuffer(block.tobytes(), np.uint8)  # out of the reader's buffer, as bytes (block.base)
-        pending.append((first, block, scan_ahead().submit(scan, block)))
-        if len(pending) > SCAN_AHEAD_BLOCKS:
-            first, block, job = pending.popleft()
-            yield first, block, job.result()
-    while pending:
-        first, block, job = pending.popleft()
-        yield first, block, job.result()
+def _scanned_blocks(src: Source, scan: Callable[[Any], Any]):
+    """(first line, block, scan of the block) for each block of ``src``."""
+    for first, block in src.line_blocks():
+        yield first, block, scan(block)
 
 
 def message_text(content: Any, where: str, ctx: LoadContext) -> str:

@@ -3,23 +3,32 @@
 The messages are rendered with the chat template (generation prompt appended) and the text
 is tokenized; the logged reply, when present, becomes the known output tokens.
 
-Large files take a fast path: a compiled scanner (:mod:`kvsim.io.readers.chat_scan`) finds each
-line's messages, each distinct message (by the raw bytes of its JSON) is parsed and rendered
-once, and only the rest of the line goes through the JSON parser and the usual field
-validation. With a per-message template (llama3, chatml) each distinct message is also
-tokenized once and prompts are assembled from their messages' tokens
-(:mod:`kvsim.io.tokenize.message_tokens`). A line the scanner does not take, or whose messages or
-rest are not the plain case, is read by the general reader, which also writes the error.
+Large files take a fast path, without compiled code:
+
+1. msgspec decodes each line with its messages left raw (one ``Raw`` per message, the bytes of
+   its JSON) and the usual fields typed as :func:`kvsim.io.fields.plain_fields` takes them; a
+   line with other fields has them decoded as a dict and checked by ``common_fields``.
+2. Turn k+1 resends turn k's messages: the line's messages but the last two, joined, are
+   looked up among the earlier lines' (kept by their count, byte length and last message,
+   compared byte for byte), and only the messages after them are looked at.
+3. Each distinct message (by its bytes) is parsed and rendered once; with a per-message
+   template (llama3, chatml) each distinct piece is also tokenized once and prompts are
+   assembled from their pieces' tokens (:mod:`kvsim.io.tokenize.message_tokens`).
+
+A line that is not the plain case (bad JSON, a message that is not a role and a text, ...) is
+read by the general reader, which also writes the error.
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import functools
+import math
+from typing import Annotated, Any, Callable, ClassVar, NamedTuple
 
 from kvsim.io.tokenize.encode import PendingRequest
-from kvsim.io.fields import BadRecord, common_fields, kind
+from kvsim.io.fields import MAX_LENGTH, BadRecord, CommonFields, common_fields, kind
 from kvsim.io.tokenize.message_tokens import MAX_HELD_CHARS, MessageTokens
 from kvsim.io.readers.base import JsonRequestReader, LoadContext, message_text
-from kvsim.io.source import UTF8_BOM, Source, plain_json_bytes
+from kvsim.io.source import UTF8_BOM, Source, _msgspec_decode, block_buffer, plain_json_bytes
 
 _UNSEEN = object()
 
@@ -71,13 +80,14 @@ class ChatReader(JsonRequestReader):
         self._forget()
 
     def _forget(self) -> None:
-        # a message's key (kvsim.io.readers.chat_scan) -> (role, content, handle of its piece or None,
-        # the piece's characters), or None when it is not the plain case (its lines are read by
-        # the general reader)
-        self._seen: dict[tuple[int, int], tuple[str, str, int | None, int] | None] = {}
-        # the key of a line's first j messages -> their roles, handles (or (role, content) pairs)
-        # and the characters of their pieces
-        self._prefixes: dict[tuple[int, int], tuple[list, list, int]] = {}
+        # a message's JSON bytes -> (role, content, handle of its piece or None, the piece's
+        # characters), or None when it is not the plain case (its lines are read by the general
+        # reader)
+        self._seen: dict[bytes, tuple[str, str, int | None, int] | None] = {}
+        # a line's messages, by (count, byte length, last message's bytes) -> (their bytes
+        # joined, role codes, handles (or (role, content) pairs), the characters of their
+        # pieces); taken out when a later line extends them
+        self._lists: dict[tuple[int, int, bytes], tuple[bytes, list, list, int]] = {}
         self._held = 0  # bytes held by the two
 
     @classmethod
@@ -123,27 +133,101 @@ class ChatReader(JsonRequestReader):
 
     # -- the fast path --------------------------------------------------------------------
     def _read_fast(self, src: Source, ctx: LoadContext) -> bool:
-        from kvsim.io.readers.chat_scan import ChatScan, LineLists
+        """Read the file line by line, each line's messages left as raw JSON (see the module
+        docstring). False (and nothing read) if the first record is not one this path takes:
+        the general reader then reads the whole file, so that its special cases for a first
+        line (one pretty-printed JSON document) still apply."""
+        decoders, store = _decoders(), self.store(ctx)
+        batch: list[PendingRequest] = []
+        weight = 0
+        started = False
+        line = 0  # (counted here: the blocks of a plain file come unnumbered)
+        for _, block in src.line_blocks(numbered=False):
+            data = block_buffer(block)
+            view, find = memoryview(data), data.find
+            pos, end = 0, len(block)
+            while pos < end and not ctx.full():
+                stop = find(b"\n", pos, end)
+                if stop < 0:
+                    stop = end
+                raw = view[pos:stop]
+                pos = stop + 1
+                line += 1
+                req = None if line == 1 and raw[:3] == UTF8_BOM else self._fast_request(raw, decoders, store, ctx)
+                if req is not None:
+                    started = True
+                    ctx.requests += 1
+                    batch.append(req)
+                    weight += req.weight
+                    if self._full(batch, weight, ctx):
+                        batch, weight = [], 0
+                        store = self.store(ctx)  # (a new one once the reader has forgotten what it held)
+                    continue
+                if not started:
+                    if not bytes(raw).strip():
+                        continue  # a blank line before the first record
+                    return False
+                reqs = self.general_requests(bytes(raw), line, src, ctx)
+                if reqs is not None:
+                    batch, weight = self._take(reqs, batch, weight, ctx)
+                    store = self.store(ctx)
+            if ctx.full():
+                break
+        if batch:
+            self._flush(batch, ctx, last=True)
+        return True
 
-        lists = LineLists()  # the message lists of the lines scanned so far
-        return self.read_scanned(src, ctx, lambda block: ChatScan(block, lists), self._fast_requests, ahead=True)
-
-    def _fast_requests(self, block, scan, k: int, line: int, ctx: LoadContext) -> list[PendingRequest] | None:
-        """The request of a scanned line, or None if the general reader must read it."""
-        rest = scan.rest(k)
-        if line == 1 and rest.startswith(UTF8_BOM):
-            return None
+    def _fast_request(self, raw: memoryview, decoders: _Decoders, store: MessageTokens | None,
+                      ctx: LoadContext) -> PendingRequest | None:
+        """The request of a line, or None if the general reader must read it."""
         try:
-            rec = plain_json_bytes(rest)
-            if type(rec) is not dict:
-                return None
-            fields = common_fields(rec)
-        except BadRecord:
+            rec = decoders.plain(raw)  # the usual fields only, each of its plain type (fields.plain_fields)
+        except decoders.invalid:  # another field, another type, or no messages array
+            return self._fast_request_any(raw, decoders, store, ctx)
+        except decoders.malformed:
             return None
-        store = self.store(ctx)
-        found = self._messages(scan, k, store, ctx)
+        if store is None or not rec.messages:
+            rest = {k: getattr(rec, k) for k in rec.__struct_fields__}
+            rest["messages"] = 0
+            return self._request(rest, rec.messages, store, ctx)
+        found = self._messages(rec.messages, store, ctx)
         if found is None:
             return None
+        ctx.used_template = True
+        if rec.model is not None:
+            ctx.models.add(rec.model)
+        t = rec.timestamp
+        return PendingRequest(prompt_pieces=store.prompt(found[1], found[2]), msg_roles=found[0], reply=rec.response,
+                              reply_eot=True, logged_output=rec.output_length, max_tokens=rec.max_tokens,
+                              arrival=math.nan if t is None else t, request_id=rec.request_id,
+                              session=ctx.builder.categories["session"].code(rec.session_id))
+
+    def _fast_request_any(self, raw: memoryview, decoders: _Decoders, store: MessageTokens | None,
+                          ctx: LoadContext) -> PendingRequest | None:
+        """The request of a line with other fields (their values decoded as a dict)."""
+        try:
+            members = decoders.members(raw)
+            elems = decoders.elements(members.pop("messages"))
+            rest = {k: decoders.value(v) for k, v in members.items()}
+        except Exception:  # noqa: BLE001 (msgspec's errors, no messages: the general reader decides)
+            return None
+        rest["messages"] = 0
+        return self._request(rest, elems, store, ctx)
+
+    def _request(self, rest: dict, elems: list, store: MessageTokens | None, ctx: LoadContext) -> PendingRequest | None:
+        """The request of a line's other fields (``rest``, its messages replaced by 0) and its
+        raw messages ``elems``, or None."""
+        if not elems:
+            return None
+        try:
+            fields = common_fields(rest)
+        except BadRecord:
+            return None
+        found = self._messages(elems, store, ctx)
+        return None if found is None else self._request_of(fields, found, store, ctx)
+
+    def _request_of(self, fields: CommonFields, found: tuple[list, list, int], store: MessageTokens | None,
+                    ctx: LoadContext) -> PendingRequest | None:
         roles, parts, chars = found
         if store is None:
             try:
@@ -153,30 +237,38 @@ class ChatReader(JsonRequestReader):
         else:
             prompt = dict(prompt_pieces=store.prompt(parts, chars), msg_roles=roles)
             ctx.used_template = True
-        return [self.pending(fields, ctx, reply_eot=True, **prompt)]
+        return self.pending(fields, ctx, reply_eot=True, **prompt)
 
-    def _messages(self, scan, k: int, store: MessageTokens | None, ctx: LoadContext) -> tuple[list, list, int] | None:
-        """Line k's messages, reusing the longest sequence of them seen before: their role
-        codes, piece handles and the characters of those pieces, or without a store their role
-        names and (role, content) pairs (and 0); None if a message is not the plain case."""
-        prefixes = self._prefixes
-        # the longest prefix that was a whole line's messages, as scanned, and what follows it
-        j, key, rows, whole = scan.history(k)
-        known = prefixes.get(key) if j else None
-        if j and known is None:  # that line was not read here (or was forgotten): a shorter one
-            while known is None and j > 1:
-                j -= 1
-                known = prefixes.get(scan.first_key(k, j))
-            rows = [row[:4] for row in scan.elements(k)[j if known is not None else 0:]]
-        if not rows:
-            return known
-        seen, data = self._seen, scan.data
+    def _messages(self, elems: list, store: MessageTokens | None, ctx: LoadContext) -> tuple[list, list, int] | None:
+        """A line's messages (raw JSON), reusing an earlier line's messages it starts with:
+        their role codes, piece handles and the characters of those pieces, or without a store
+        their role names and (role, content) pairs (and 0); None if a message is not the plain
+        case."""
+        n = len(elems)
+        joined = b"".join(elems)
+        known = None
+        j = 0
+        if n > 2:  # the turn before, resent: all but its reply and the new question
+            j = n - 2
+            size = len(joined) - len(elems[-1]) - len(elems[-2])
+            key = (j, size, bytes(elems[j - 1]))
+            known = self._lists.get(key)
+            # the same bytes, every one: the same messages (a kept line's messages are JSON
+            # objects, and an object's bytes decide where it ends)
+            if known is not None and joined.startswith(known[0]):
+                del self._lists[key]
+                self._held -= size
+            else:
+                known, j = None, 0
+        seen = self._seen
         names, parts, chars = [], [], 0
-        for start, end, key1, key2 in rows:
-            m = seen.get((key1, key2), _UNSEEN)
+        b = b""
+        for e in elems[j:] if j else elems:
+            b = bytes(e)
+            m = seen.get(b, _UNSEEN)
             if m is _UNSEEN:
-                m = seen[key1, key2] = self._parse_message(data[start:end], store)
-                self._held += end - start
+                m = seen[b] = self._parse_message(b, store)
+                self._held += len(b)
             if m is None:
                 return None
             names.append(m[0])
@@ -188,9 +280,9 @@ class ChatReader(JsonRequestReader):
         if store is not None:  # coded once the line is sure to be read here, in order of appearance
             names = ctx.builder.roles.codes(names)
         found = ((names, parts, chars) if known is None
-                 else ([*known[0], *names], [*known[1], *parts], known[2] + chars))
-        prefixes[whole] = found
-        self._held += 16 * len(found[1])
+                 else ([*known[1], *names], [*known[2], *parts], known[3] + chars))
+        self._lists[n, len(joined), b] = (joined, *found)
+        self._held += len(joined)
         return found
 
     @staticmethod
@@ -205,3 +297,31 @@ class ChatReader(JsonRequestReader):
             return (*plain, None, 0)
         h = store.message(*plain)
         return None if h is None else (*plain, h, store.chars[h])
+
+
+class _Decoders(NamedTuple):
+    plain: Callable      # a line holding only the usual fields: a _PlainLine, messages left raw
+    members: Callable    # any line: its top-level values left raw
+    elements: Callable   # a messages array: its elements left raw
+    value: Callable      # any JSON value
+    invalid: type        # what ``plain`` raises for a line of another shape
+    malformed: type      # what every decoder raises for bytes that are not JSON
+
+
+@functools.lru_cache(maxsize=1)
+def _decoders() -> _Decoders:
+    import msgspec
+
+    # A chat line with the usual fields only (fields._PLAIN_KEYS), each of the type that
+    # fields.plain_fields takes as it is (msgspec checks them; any other line raises
+    # ValidationError); its messages left raw.
+    text = Annotated[str, msgspec.Meta(min_length=1)]
+    length = Annotated[int, msgspec.Meta(ge=0, le=MAX_LENGTH)]
+    members = [("messages", list[msgspec.Raw]), ("model", text | None, None), ("timestamp", float | None, None),
+               ("session_id", text | None, None), ("request_id", text | None, None),
+               ("max_tokens", length | None, None), ("output_length", length | None, None),
+               ("response", str | None, None), ("prompt", Any, None), ("prompt_token_ids", Any, None)]
+    plain_line = msgspec.defstruct("PlainLine", members, forbid_unknown_fields=True)
+    return _Decoders(msgspec.json.Decoder(plain_line).decode, msgspec.json.Decoder(dict[str, msgspec.Raw]).decode,
+                     msgspec.json.Decoder(list[msgspec.Raw]).decode, _msgspec_decode(), msgspec.ValidationError,
+                     msgspec.DecodeError)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import chain
+from operator import attrgetter
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
@@ -127,50 +128,53 @@ def encode_requests(batch: Sequence[PendingRequest], source: int, tok: Tokenizer
         lengths = np.fromiter((len(p) for p in prompts), np.int64, count=n)
         tokens = narrow_tokens(_concat(prompts, int(lengths.sum())))
 
-    outputs: list = [r.output_ids for r in batch]
+    (arrival, tenant, salt, lora, session, prompt_logprobs, logprob_start_len, arrival_step, logged, max_tokens,
+     request_ids, outputs) = (list(c) for c in zip(*map(_COLUMNS, batch))) if n else ([] for _ in range(12))
     if replies:
         encoded = (encoded_replies if encoded_replies is not None
                    else tok.encode_arrays([batch[i].reply for i in replies]))
-        eot = None if eot_id is None else np.array([eot_id], np.int64)
+        eot = None if eot_id is None else np.array([eot_id], np.int32 if eot_id < 2**31 else np.int64)
         for i, a in zip(replies, encoded):
             outputs[i] = (a, eot) if eot is not None and batch[i].reply_eot else a  # joined below
-    known = np.fromiter((o is not None for o in outputs), bool, count=n)
-    out_lengths = np.fromiter((0 if o is None else len(o) if type(o) is not tuple else len(o[0]) + 1
-                               for o in outputs), np.int64, count=n)
+    known = [o is not None for o in outputs]
+    out_lengths = [0 if o is None else len(o) if type(o) is not tuple else len(o[0]) + 1 for o in outputs]
     out_tokens = _concat([*chain.from_iterable(o if type(o) is tuple else (o,) for o in outputs if o is not None)],
-                         int(out_lengths.sum()))
+                         sum(out_lengths))
 
-    output_lengths = np.empty(n, np.int64)
-    out_source = np.empty(n, np.int8)
+    output_lengths, out_source = [], []
     mismatch = 0
-    for i, r in enumerate(batch):
-        if r.logged_output is not None:
-            output_lengths[i], out_source[i] = r.logged_output, OUT_LOGGED
-            mismatch += bool(known[i] and out_lengths[i] != r.logged_output)
-        elif known[i]:
-            output_lengths[i], out_source[i] = out_lengths[i], OUT_KNOWN_IDS
-        elif r.max_tokens is not None:
-            output_lengths[i], out_source[i] = r.max_tokens, OUT_MAX_TOKENS
+    for logged_n, is_known, known_n, max_n in zip(logged, known, out_lengths, max_tokens):
+        if logged_n is not None:
+            output_lengths.append(logged_n)
+            out_source.append(OUT_LOGGED)
+            mismatch += is_known and known_n != logged_n
+        elif is_known:
+            output_lengths.append(known_n)
+            out_source.append(OUT_KNOWN_IDS)
+        elif max_n is not None:
+            output_lengths.append(max_n)
+            out_source.append(OUT_MAX_TOKENS)
         else:
-            output_lengths[i], out_source[i] = 1, OUT_DEFAULT
+            output_lengths.append(1)
+            out_source.append(OUT_DEFAULT)
 
     part = Part(
         source=source,
         prompt_lengths=lengths,
-        output_lengths=output_lengths,
-        arrival=np.fromiter((r.arrival for r in batch), np.float64, count=n),
+        output_lengths=np.array(output_lengths, np.int64),
+        arrival=np.array(arrival, np.float64),
         tokens=tokens,
-        out_lengths=out_lengths,
+        out_lengths=np.array(out_lengths, np.int64),
         out_tokens=narrow_tokens(out_tokens),
-        out_known=known,
-        out_source=out_source,
+        out_known=np.array(known, bool),
+        out_source=np.array(out_source, np.int8),
         out_mismatch=mismatch,
-        codes={c: np.fromiter((getattr(r, c) for r in batch), np.int32, count=n)
-               for c in ("tenant", "cache_salt", "lora", "session")},
-        prompt_logprobs=np.fromiter((r.prompt_logprobs for r in batch), bool, count=n),
-        logprob_start_len=np.fromiter((r.logprob_start_len for r in batch), np.int64, count=n),
-        arrival_step=np.fromiter((r.arrival_step for r in batch), np.int64, count=n),
-        request_ids=[r.request_id for r in batch] if any(r.request_id is not None for r in batch) else None,
+        codes={"tenant": np.array(tenant, np.int32), "cache_salt": np.array(salt, np.int32),
+               "lora": np.array(lora, np.int32), "session": np.array(session, np.int32)},
+        prompt_logprobs=np.array(prompt_logprobs, bool),
+        logprob_start_len=np.array(logprob_start_len, np.int64),
+        arrival_step=np.array(arrival_step, np.int64),
+        request_ids=request_ids if any(r is not None for r in request_ids) else None,
     )
     if packed is not None:
         part.msg_counts, part.msg_starts = packed.msg_counts, packed.msg_starts
@@ -184,6 +188,11 @@ def encode_requests(batch: Sequence[PendingRequest], source: int, tok: Tokenizer
         part.msg_roles = np.fromiter(chain.from_iterable(r.msg_roles for r, s in zip(batch, msg_token_starts)
                                                          if s is not None), np.int32, count=int(counts.sum()))
     return part
+
+
+#: what encode_requests takes of each request, in one pass
+_COLUMNS = attrgetter("arrival", "tenant", "cache_salt", "lora", "session", "prompt_logprobs", "logprob_start_len",
+                      "arrival_step", "logged_output", "max_tokens", "request_id", "output_ids")
 
 
 def _concat(seqs: list, total: int) -> np.ndarray:

@@ -19,6 +19,7 @@ nothing (:meth:`~kvsim.io.tokenize.tokenizers.Tokenizer.joins`), instead of bein
 """
 from __future__ import annotations
 
+import sys
 import threading
 from concurrent.futures import Future
 from itertools import chain
@@ -74,6 +75,7 @@ class MessageTokens:
         self._flat = np.empty(1 << 16, np.int32)
         self._starts = np.zeros(1 << 12, np.int64)
         self._count = 0  # pieces tokenized
+        self._arange = np.zeros(0, np.int32)
         self.splits: dict[int, tuple[str, str, str]] = {}  # handle -> (before, message text, after)
         self.held = 0
         # reply text -> its tokens, and whether they hold no special token (the tokenizing thread's)
@@ -127,9 +129,13 @@ class MessageTokens:
         """The handle of a message's piece (None: it cannot be cut apart)."""
         parts = self.form.parts(role, content)
         text = "".join(parts)
-        known = text in self.handles
-        h = self.piece(text)
-        if h is not None and not known and parts[1] and parts[2].startswith(self.specials):
+        h = self.handles.get(text)
+        if h is not None:
+            return h
+        if not text.startswith(self.specials):
+            return None
+        h = self.handles[text] = self._new(text)
+        if parts[1] and parts[2].startswith(self.specials):
             self.splits[h] = parts
         return h
 
@@ -276,7 +282,7 @@ class MessageTokens:
         sizes = self._starts[handles + 1] - begin
         first = 0 if self.head is None else 1
         total = int(sizes.sum())
-        if total >= COMPILED_GATHER_TOKENS:
+        if total >= COMPILED_GATHER_TOKENS and "numba" in sys.modules:  # (its import costs more than it saves)
             from kvsim.io.tokenize.gather import gather_pieces
 
             tokens = np.empty(total, self._flat.dtype)
@@ -287,8 +293,11 @@ class MessageTokens:
             return Packed(tokens, lengths, msg_counts, msg_starts)
         ends = np.cumsum(sizes)
         # token t of the batch comes from flat[t + shift], shift constant within a piece
-        shift = np.repeat(begin - (ends - sizes), sizes)
-        tokens = self._flat[np.arange(total, dtype=np.int64) + shift]
+        # (int32 where it fits: half the memory, and no array large enough for huge pages)
+        small = max(total, len(self._flat)) < 2**31
+        index = np.repeat((begin - (ends - sizes)).astype(np.int32 if small else np.int64), sizes)
+        index += self._positions(total) if small else np.arange(total, dtype=np.int64)
+        tokens = self._flat[index]
         last = np.cumsum(counts) - 1  # index of each prompt's last piece (the tail)
         lengths = np.diff(ends[last], prepend=0)
         # messages: the pieces after the head and before the tail; each starts where the
@@ -298,6 +307,12 @@ class MessageTokens:
         prompt_base = np.repeat(ends[last] - lengths, counts)
         msg_starts = np.where(local == first, 0, ends - sizes - prompt_base)[is_msg]
         return Packed(tokens, lengths, counts - 1 - first, msg_starts)
+
+    def _positions(self, n: int) -> np.ndarray:
+        """0, 1, ..., n - 1 as int32 (kept between batches; n < 2**31)."""
+        if len(self._arange) < n:
+            self._arange = np.arange(max(n, 2 * len(self._arange)), dtype=np.int32)
+        return self._arange[:n]
 
     def _assemble(self, prompts: list[PieceRefs], where: list[int], ids: list, starts: list) -> None:
         packed = self._pack(prompts)

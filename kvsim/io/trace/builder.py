@@ -99,7 +99,9 @@ class TraceBuilder:
         """Append a part (or a future of one, e.g. being tokenized in a worker thread)."""
         self._parts.append(part)
         pending = [p for p in self._parts if isinstance(p, Future) and not p.done()]
-        if len(pending) > 2:  # bound the memory held by batches waiting for tokenization
+        # bound the memory held by batches waiting for tokenization (four: with two, the chat
+        # reader waited about 0.1 s for the tokenizing thread on a 48 MB log; docs/performance.md)
+        if len(pending) > 4:
             pending[0].result()
 
     def parts(self) -> list[Part]:
@@ -186,13 +188,13 @@ class TraceBuilder:
     def _request_ids(self, parts: list[Part], n: int) -> np.ndarray | None:
         if all(p.request_ids is None or all(r is None for r in p.request_ids) for p in parts):
             return None
-        out = np.empty(n, dtype=object)
-        i = 0
+        names: list[str] = []
         for p in parts:
+            i = len(names)
             ids = p.request_ids or [None] * p.n
-            for j, r in enumerate(ids):
-                out[i + j] = str(i + j) if r is None else r
-            i += p.n
+            names.extend(str(i + j) if r is None else r for j, r in enumerate(ids))
+        out = np.empty(n, dtype=object)
+        out[:] = names
         return out
 
     def _messages(self, parts: list[Part], n: int) -> dict:

@@ -281,6 +281,8 @@ def narrow_tokens(tokens: np.ndarray) -> np.ndarray:
     """Store tokens as int32 when every id fits, else int64 (halves memory on big logs)."""
     if tokens.size == 0:
         return tokens.astype(np.int32)
+    if tokens.dtype == np.int32:
+        return tokens
     lo, hi = int(tokens.min()), int(tokens.max())
     if -(2**31) <= lo and hi < 2**31:
         return tokens.astype(np.int32, copy=False)
