@@ -151,6 +151,7 @@ class ChatReader(JsonRequestReader):
                 if stop < 0:
                     stop = end
                 raw = view[pos:stop]
+                whole = view[pos:min(stop + 1, end)]     # with its newline, as the general reader reads a line
                 pos = stop + 1
                 line += 1
                 req = None if line == 1 and raw[:3] == UTF8_BOM else self._fast_request(raw, decoders, store, ctx)
@@ -167,7 +168,7 @@ class ChatReader(JsonRequestReader):
                     if not bytes(raw).strip():
                         continue  # a blank line before the first record
                     return False
-                reqs = self.general_requests(bytes(raw), line, src, ctx)
+                reqs = self.general_requests(bytes(whole), line, src, ctx)
                 if reqs is not None:
                     batch, weight = self._take(reqs, batch, weight, ctx)
                     store = self.store(ctx)
