@@ -146,6 +146,20 @@ def run_recipes(names: list[str], inputs: dict[str, Path]) -> None:
             code = run(argv)
             if code != 0:
                 raise RuntimeError(f"kvsim {' '.join(argv)} exited with {code}")
+    if "analyze" in names:
+        grow_tables()
+
+
+def grow_tables() -> None:
+    """The hash tables' growth (``kernels/table.rehash``) for each value type the commands use:
+    analyze's second-level table grows only on logs larger than the recipes' (a 48 MB chat
+    log), the compiled pool's key table and the word table on others."""
+    from kvsim.kernels.table import grow_table, new_table
+
+    for dtype in (np.int64, np.int32):
+        keys, vals = new_table(16, dtype)
+        keys[:3] = (1, 2, 3)
+        grow_table(keys, vals, 32)
 
 
 # -- merging worker folders ------------------------------------------------------------------
