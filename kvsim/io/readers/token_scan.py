@@ -158,14 +158,17 @@ def _parse_ids(buf, i, end, out, pos, allow_empty):
                 break
             v = v * _U10 + d
             i += 1
-        if i - first > MAX_DIGITS or (buf[first] == 48 and i - first > 1):
+        n = i - first
+        if n > MAX_DIGITS or (n > 1 and buf[first] == 48):
             return -1, pos, 0  # too long for int64, or a leading zero (not JSON)
         out[pos] = v
         pos += 1
-        if v > top:
-            top = v
+        top = max(top, v)
         if i < end and buf[i] == _COMMA:  # the common case: no whitespace around the comma
-            i = _ws(buf, i + 1, end)
+            i += 1
+            if i < end and buf[i] > 32:   # not JSON whitespace (all of it is <= 32): the next id
+                continue
+            i = _ws(buf, i, end)
             continue
         i = _ws(buf, i, end)
         if i >= end:
