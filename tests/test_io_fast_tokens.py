@@ -128,6 +128,17 @@ def test_large_log_matches_the_general_reader(tmp_path):
     assert_same_outcome(data, limit=1234)
 
 
+def test_line_numbers_run_on_across_blocks():
+    """A bad line in the third block (a 1 MB first block, then 8 MB ones) is named by the same
+    line number as the general reader names it, blank lines before it counted."""
+    row = b'{"prompt_token_ids": [' + b", ".join(b"%d" % (i * 7919 % 100_000) for i in range(2000)) + b"]}\n"
+    rows = [row if i % 97 else b"\n" for i in range(1600)]      # about 10.5 MB
+    assert sum(map(len, rows[:1500])) > 9 << 20
+    rows[1540] = b'{"prompt_token_ids": [1, -2]}\n'
+    for on_error in ("fail", "skip"):
+        assert_same_outcome(b"".join(rows), on_error=on_error)
+
+
 def test_bad_lines_fail_and_skip_alike():
     good = b'{"prompt_token_ids": [1, 2, 3], "output_token_ids": [4]}\n'
     bad = [b'{"prompt_token_ids": [1, -2]}\n', b'{"prompt_token_ids": [1], "timestamp": "x"}\n',

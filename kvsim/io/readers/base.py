@@ -283,9 +283,13 @@ class JsonRequestReader(Reader):
 
 
 def _scanned_blocks(src: Source, scan: Callable[[Any], Any]):
-    """(first line, block, scan of the block) for each block of ``src``."""
-    for first, block in src.line_blocks():
-        yield first, block, scan(block)
+    """(first line, block, scan of the block) for each block of ``src``; the lines are
+    counted by the scans (``bounds``), not once more by the source."""
+    line = 1
+    for _, block in src.line_blocks(numbered=False):
+        scanned = scan(block)
+        yield line, block, scanned
+        line += len(scanned.bounds) - 1
 
 
 def message_text(content: Any, where: str, ctx: LoadContext) -> str:
