@@ -133,7 +133,7 @@ class ParquetColumns:
 
         self.path = path
         try:
-            table = pq.read_table(path)
+            table = pq.ParquetFile(path).read()   # (read_table goes through pyarrow.dataset, which imports pandas)
         except (OSError, pa.ArrowException) as e:
             raise InputError(path, f"cannot read Parquet file ({_short(e)})") from None
         raw = (table.schema.metadata or {}).get(METADATA_KEY)
