@@ -115,6 +115,40 @@ def test_a_parquet_trace_made_elsewhere(tmp_path):
     assert len(kvsim.load_trace(path, limit=1)) == 1
 
 
+def test_columns_in_several_chunks_with_nulls_read_from_their_buffers(tmp_path):
+    """Columns read from Arrow's buffers (not pyarrow's to_numpy): several row groups, offsets
+    into shared buffers, null rows and values, as pandas reads the same file."""
+    rng = np.random.default_rng(3)
+    n = 700
+    prompts = [rng.integers(0, 50_000, rng.integers(1, 40)).tolist() for _ in range(n)]
+    outputs = [None if i % 5 == 0 else rng.integers(0, 9, rng.integers(0, 5)).tolist() for i in range(n)]
+    arrival = [None if i % 7 == 0 else float(i) / 3 for i in range(n)]
+    logprobs = [None if i % 11 == 0 else bool(i % 3) for i in range(n)]
+    table = pa.table({"prompt_token_ids": pa.array(prompts, pa.list_(pa.int32())),
+                      "output_token_ids": pa.array(outputs, pa.large_list(pa.int64())),
+                      "arrival": arrival, "prompt_logprobs": logprobs})
+    path = tmp_path / "chunks.parquet"
+    pq.write_table(table, path, row_group_size=97)
+    t = kvsim.load_trace(path, cache=False)
+    df = pd.read_parquet(path)
+    assert [t.prompt(i).tolist() for i in range(n)] == [list(x) for x in df.prompt_token_ids]
+    assert [None if t.output(i) is None else t.output(i).tolist() for i in range(n)] == \
+        [None if x is None else list(x) for x in df.output_token_ids]
+    np.testing.assert_array_equal(t.arrival, df.arrival.to_numpy(np.float64, na_value=np.nan))
+    assert t.prompt_logprobs.tolist() == [bool(x) if x is not None else False for x in logprobs]
+
+
+def test_reading_a_parquet_trace_does_not_import_pandas(tmp_path):
+    import subprocess
+    import sys
+
+    path = convert(tmp_path, TRACES / "multi_tenant.jsonl")
+    code = ("import sys, kvsim; t = kvsim.load_trace(sys.argv[1], cache=False); "
+            "assert len(t) > 0; print('pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
 def test_every_command_reads_parquet(tmp_path, capsys):
     log = TRACES / "multi_tenant.jsonl"
     path = convert(tmp_path, log)
@@ -144,6 +178,10 @@ def test_parquet_is_read_faster_than_its_log_would_be_tokenized(tmp_path):
     ({"prompt_token_ids": [[1, 2], None]}, "row 1: prompt_token_ids is null"),
     ({"prompt_token_ids": [[1, -2]]}, "negative id (-2)"),
     ({"prompt_token_ids": [[1, 2]], "tenant": [[1]]}, "column tenant must hold strings"),
+    ({"prompt_token_ids": [[1, None, 3]]}, "prompt_token_ids holds a null id"),
+    ({"prompt_token_ids": [[1, 2], [3]], "output_length": pa.array([None, 4], pa.int64())},
+     "column output_length (int64) is not int (null values)"),
+    ({"prompt_token_ids": [[1, 2]], "output_length": [None]}, "column output_length (null) is not int (null values)"),
 ])
 def test_bad_parquet_files_give_one_line(tmp_path, capsys, table, problem):
     path = tmp_path / "bad.parquet"
