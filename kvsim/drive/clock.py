@@ -28,6 +28,8 @@ from kvsim.errors import ConfigError
 class SteppedEngine(Protocol):
     result: object     # a StepResult: rejected, first_token_step, finish_step, finished
     on_batch: object   # on_batch(step, requests, new tokens, context tokens, decode?) or None
+    # optional: fast_forward(step, horizon) takes a run of decode-only steps at once; on the
+    # timed clock it asks on_decode_run(steps, requests, context) how many to take
 
     def add(self, index: int) -> None:
         """Hand request ``index`` to the engine (it may reject it)."""
@@ -114,6 +116,28 @@ class Timeline:
     prefill_tokens: np.ndarray | None = None           # tokens computed outside decode (recompute too)
     decode_tokens: np.ndarray | None = None
 
+    def add_steps(self, now: float, seconds: list[float]) -> float:
+        """Steps one after another from ``now``, lasting ``seconds``; the clock after the last."""
+        for s in seconds:
+            self.step_start.append(now)
+            now += s
+            self.step_end.append(now)
+        return now
+
+
+def decode_run_before(cost, context: list[int], k: int, now: float, limit: float) -> list[float]:
+    """The seconds of the steps of a ``k``-step decode run starting at ``now`` that start before
+    ``limit`` (the first always does): a step starting at or after a release would first take
+    the released request (docs/engines/vllm-scheduler.md §4.4)."""
+    from kvsim.drive.step_cost import decode_run_seconds
+
+    seconds = decode_run_seconds(cost, context, k)
+    kept, t = 1, now + seconds[0]
+    while kept < k and t < limit:
+        t += seconds[kept]
+        kept += 1
+    return seconds[:kept]
+
 
 def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> tuple[int, Timeline]:
     """Drive ``engine`` until every request is released and finished.
@@ -135,7 +159,6 @@ def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> 
         line.decode_tokens = np.zeros(n, np.int64)
         batch = []
         decode_run = []         # the steps of a fast-forwarded decode run: (requests, step seconds)
-        from kvsim.drive.step_cost import decode_run_seconds
 
         def on_batch(step, reqs, new, context, decode, load_s=0.0, overlap=True):
             # an offload tier's load in this step: overlapped with the compute or before it
@@ -151,16 +174,8 @@ def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> 
         engine.on_batch = on_batch
 
         def on_decode_run(k, reqs, context):
-            # keep the steps that start before the next release: one starting at or after it
-            # would first take the released request (docs/engines/vllm-scheduler.md §4.4)
-            limit = pending[0][0] if pending else math.inf
-            seconds = decode_run_seconds(cost, context, k)
-            kept, t = 1, now + seconds[0]
-            while kept < k and t < limit:
-                t += seconds[kept]
-                kept += 1
-            decode_run[:] = [reqs, seconds[:kept]]
-            return kept
+            decode_run[:] = [reqs, decode_run_before(cost, context, k, now, pending[0][0] if pending else math.inf)]
+            return len(decode_run[1])
         if hasattr(engine, "on_decode_run"):
             engine.on_decode_run = on_decode_run
 
@@ -193,12 +208,9 @@ def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> 
                 continue
         elif timed and getattr(engine, "on_decode_run", None) is not None and engine.fast_forward(step, 1 << 62):
             reqs, seconds = decode_run
-            for s in seconds:
-                line.step_start.append(now)
-                now += s
-                line.step_end.append(now)
-            step += len(seconds)
+            now = line.add_steps(now, seconds)
             line.decode_tokens[reqs] += len(seconds)
+            step += len(seconds)
             continue
         if engine.step(step if timed else now):
             if timed:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvsim.drive.clock import Releases, Timeline
+from kvsim.drive.clock import Releases, Timeline, decode_run_before
 from kvsim.engines.base import StepResult
 from kvsim.fleet.base import IDLE, ReplicaLoad, Router
 from kvsim.fleet.config import RouteRequests
@@ -119,8 +119,6 @@ def run_fleet(engines: Sequence, router: Router, requests: RouteRequests, releas
             return on_batch
         for r, e in enumerate(engines):
             e.on_batch = batch_hook(r)
-        from kvsim.drive.step_cost import decode_run_seconds
-
         decode_run: list = []       # the steps of a fast-forwarded decode run: (requests, step seconds)
 
         def run_hook(r: int):
@@ -133,13 +131,8 @@ def run_fleet(engines: Sequence, router: Router, requests: RouteRequests, releas
                 limit = min(pending[0][0] if pending else math.inf, mine[0][0] if mine else math.inf)
                 if followers:
                     limit = min([limit] + [clock[q] for q in range(N) if q != r and engines[q].has_work()])
-                seconds = decode_run_seconds(cost, context, k)
-                kept, t = 1, now_of[r] + seconds[0]
-                while kept < k and t < limit:
-                    t += seconds[kept]
-                    kept += 1
-                decode_run[:] = [reqs, seconds[:kept]]
-                return kept
+                decode_run[:] = [reqs, decode_run_before(cost, context, k, now_of[r], limit)]
+                return len(decode_run[1])
             return on_decode_run
         for r, e in enumerate(engines):
             if hasattr(e, "on_decode_run"):
@@ -250,12 +243,7 @@ def run_fleet(engines: Sequence, router: Router, requests: RouteRequests, releas
                 continue
         elif timed and getattr(e, "on_decode_run", None) is not None and ff[r](steps[r], 1 << 62):
             reqs, secs = decode_run
-            starts, ends = lines[r].step_start, lines[r].step_end
-            for sec in secs:
-                starts.append(now)
-                now += sec
-                ends.append(now)
-            clock[r] = now
+            clock[r] = lines[r].add_steps(now, secs)
             steps[r] += len(secs)
             line.decode_tokens[reqs] += len(secs)
             after_turn(r)
