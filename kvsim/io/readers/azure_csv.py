@@ -49,7 +49,10 @@ class AzureCsvReader(Reader):
                 ctx.bad(text)
                 continue
             if cols is None:
-                header = _header(text)
+                try:
+                    header = _header(text)
+                except csv.Error as e:   # e.g. a carriage return inside the line
+                    raise InputError(src.path, f"not an Azure trace CSV: the header is not CSV ({e})", line) from None
                 missing = [c for c in COLUMNS if c not in header]
                 if missing:
                     raise InputError(src.path, "not an Azure trace CSV: the header lacks "
