@@ -199,13 +199,17 @@ def test_each_replica_runs_as_it_would_alone(trace, policy, mode):
             assert np.allclose(fleet.timed.ttft[idx], alone.timed.ttft, equal_nan=True)
 
 
+@pytest.mark.parametrize("policy", ["apc", "radix"])
 @pytest.mark.parametrize("router", ["round_robin", "least_load", "cache_aware", "dynamo"])
 @pytest.mark.parametrize("arrivals", ["logged", "closed-loop"])
-def test_timed_decode_runs_in_a_fleet_equal_step_by_step(router, arrivals, monkeypatch):
+def test_timed_decode_runs_in_a_fleet_equal_step_by_step(policy, router, arrivals, monkeypatch):
     """The timed fleet takes decode-only stretches in bulk, cut before the next arrival (and, closed
     loop, before another busy replica's next step): the same routes, steps and seconds as one step
     at a time."""
+    from kvsim.engines.sglang.scheduler import SglangEngine
     from kvsim.engines.vllm.scheduler import VllmEngine
+
+    Engine = VllmEngine if policy == "apc" else SglangEngine
 
     rng = np.random.default_rng(11)
     base = workload(11, n=160)
@@ -214,16 +218,16 @@ def test_timed_decode_runs_in_a_fleet_equal_step_by_step(router, arrivals, monke
                            arrival=np.sort(rng.uniform(0, 3, len(base))),
                            sessions=[f"s{rng.integers(0, 30)}" for _ in range(len(base))])
     opts, mode = SimOptions(capacity_tokens=2500, **TIMED), ReplayMode("timed", arrivals=arrivals)
-    original, taken = VllmEngine.fast_forward, []
+    original, taken = Engine.fast_forward, []
 
     def counted(self, step, horizon):
         taken.append(original(self, step, horizon))
         return taken[-1]
-    monkeypatch.setattr(VllmEngine, "fast_forward", counted)
-    bulk = run_fleet_concurrent(t, ["apc"], opts, mode, FleetSpec(3, router))["apc"]
+    monkeypatch.setattr(Engine, "fast_forward", counted)
+    bulk = run_fleet_concurrent(t, [policy], opts, mode, FleetSpec(3, router))[policy]
     assert sum(taken) > 200                    # the shortcut really ran
-    monkeypatch.setattr(VllmEngine, "fast_forward", lambda self, step, horizon: 0)
-    slow = run_fleet_concurrent(t, ["apc"], opts, mode, FleetSpec(3, router))["apc"]
+    monkeypatch.setattr(Engine, "fast_forward", lambda self, step, horizon: 0)
+    slow = run_fleet_concurrent(t, [policy], opts, mode, FleetSpec(3, router))[policy]
     assert same_steps(bulk.steps, slow.steps)
     assert np.array_equal(bulk.replica, slow.replica) and np.array_equal(bulk.released, slow.released)
     for a, b in ((bulk.timed, slow.timed), (bulk.uncached, slow.uncached)):

@@ -230,6 +230,7 @@ class SglangEngine:
         self.new_token_ratio = self.ratio_init
         self.result = StepResult.empty("sglang", len(prompts))
         self.on_batch = None        # on_batch(step, requests, new tokens, context, decode?): timed replay
+        self.on_decode_run = None   # on_decode_run(steps, requests, context) -> steps kept: timed fast_forward
 
     # -- requests ----------------------------------------------------------------------
     def add(self, index: int) -> None:
@@ -325,13 +326,14 @@ class SglangEngine:
         short. Nothing else touches the tree meanwhile, so they are applied together: the
         same leaves evicted, the same slots in the same order, the same token counts and
         ``new_token_ratio`` decays as step by step (§5.4). With pages larger than one token
-        only stretches that need no eviction are taken.
+        only stretches that need no eviction are taken. On the timed clock (``on_decode_run``
+        set) the clock says how many of them start before the next release.
         """
         running = self.running
         reqs = running.reqs
         if (self.waiting and not running.batch_is_full) or self.chunked_req is not None \
-                or self.last_batch is not running \
-                or running.mode != DECODE or not reqs or horizon < 2 or self.on_batch is not None:
+                or self.last_batch is not running or running.mode != DECODE or not reqs or horizon < 2 \
+                or (self.on_batch is not None and self.on_decode_run is None):
             return 0
         if self.settings.overlap and (len(self.result_queue) != 1 or self.result_queue[0][0] != DECODE):
             return 0
@@ -345,6 +347,11 @@ class SglangEngine:
         k = min(horizon, room - 3, usable // (bs * p) - 1)
         if k < 2 or any(r.finished or r.is_retracted for r in reqs):
             return 0
+        if self.on_decode_run is not None:
+            # timed: in step j each request computes one token after committed + j (step()'s ctx)
+            k = self.on_decode_run(k, [r.index for r in reqs], [r.kv.committed for r in reqs])
+            if k < 2:
+                return 0
         if p == 1:
             cache.evict_to_free(k * bs)
         cache.alloc_decode([r.kv for r in reqs], k)
