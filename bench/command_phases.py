@@ -32,6 +32,7 @@ WRAPPED = [
     ("kvsim.io.trace.cache", "lookup", "read: trace cache lookup"),
     ("kvsim.drive.simulate", "run_simulation", "replay"),
     ("kvsim.drive.concurrent", "run_concurrent", "replay"),
+    ("kvsim.fleet.concurrent", "run_fleet_concurrent", "replay"),
     ("kvsim.outputs", "write_jsonl", "per-request file"),
     ("kvsim.outputs", "write_json", "summary file"),
 ]

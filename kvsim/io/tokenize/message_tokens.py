@@ -129,13 +129,9 @@ class MessageTokens:
         """The handle of a message's piece (None: it cannot be cut apart)."""
         parts = self.form.parts(role, content)
         text = "".join(parts)
-        h = self.handles.get(text)
-        if h is not None:
-            return h
-        if not text.startswith(self.specials):
-            return None
-        h = self.handles[text] = self._new(text)
-        if parts[1] and parts[2].startswith(self.specials):
+        new = text not in self.handles
+        h = self.piece(text)
+        if new and h is not None and parts[1] and parts[2].startswith(self.specials):
             self.splits[h] = parts
         return h
 
