@@ -3,15 +3,21 @@ the work is done by the library. Errors the user can fix exit with code 2 and on
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
-import typer
-from rich.markup import escape
+# Before numpy loads: kvsim's commands do no BLAS work worth a thread, and OpenBLAS's idle
+# threads spun on the cores a command's reading threads need (docs/performance.md,
+# "Start-up"). A value the user sets is kept.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from kvsim import progress
-from kvsim.cli.app import app, err_console
-from kvsim.errors import KvsimError
-from kvsim.render.progress import Bars
+import typer  # noqa: E402
+from rich.markup import escape  # noqa: E402
+
+from kvsim import progress  # noqa: E402
+from kvsim.cli.app import app, err_console  # noqa: E402
+from kvsim.errors import KvsimError  # noqa: E402
+from kvsim.render.progress import Bars  # noqa: E402
 
 progress.install(Bars)   # the library reports progress; the commands draw it
 

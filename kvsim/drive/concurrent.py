@@ -181,26 +181,47 @@ def run_concurrent(trace: Trace, policies: list[str], options: SimOptions, mode:
         settings, note = scheduler_settings(policy, options, mode, trace)
         t0 = time.perf_counter()
 
-        def replay(s, label: str):
+        def replay(s, label: str | None):
             engine = make_engine(s, **inputs)
-            update = progress(f"{label} ({policy})", len(trace)) if progress else None
+            update = progress(f"{label} ({policy})", len(trace)) if progress and label else None
             steps, line = run(engine, releases, cost, progress=update)
             engine.result.steps = steps
             return engine.result, line
 
-        result, line = replay(settings, f"replaying {mode.mode}")
+        sides = _side_replays(settings, replay) if cost is not None else {}
+        try:
+            result, line = replay(settings, f"replaying {mode.mode}")
+        except BaseException:
+            for side in sides.values():
+                side.cancel()
+            raise
         r = ConcurrentRun(policy, registry.engine(policy).family, mode.mode, settings, note, result, line.released)
         if cost is not None:
             from kvsim.drive.timed import timed_result
 
             r.timed = timed_result(result, line)
-            r.uncached = timed_result(*replay(without_prefix_caching(settings), "without prefix caching"))
-            if hasattr(settings, "without_tier"):    # --offload: TTFT with and without the tier
-                r.untiered = timed_result(*replay(settings.without_tier(), "without the offload tier"))
+            r.uncached = sides["uncached"].result()
+            if "untiered" in sides:    # --offload: TTFT with and without the tier
+                r.untiered = sides["untiered"].result()
             r.cost = cost.describe()
         r.elapsed_s = time.perf_counter() - t0
         runs[policy] = r
     return runs
+
+
+def _side_replays(settings, replay: Callable) -> dict[str, Any]:
+    """The timed replays beside the main one (without prefix caching; with an offload tier,
+    without the tier), started now on another core where one is free (kvsim.drive.side)."""
+    from kvsim.drive.side import Side
+    from kvsim.drive.timed import timed_result
+
+    def side(s, label: str) -> Side:
+        return Side(lambda here: timed_result(*replay(s, label if here else None)))
+
+    sides = {"uncached": side(without_prefix_caching(settings), "without prefix caching")}
+    if hasattr(settings, "without_tier"):
+        sides["untiered"] = side(settings.without_tier(), "without the offload tier")
+    return sides
 
 
 # -- results ---------------------------------------------------------------------------------

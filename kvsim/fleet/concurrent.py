@@ -23,6 +23,7 @@ import numpy as np
 from kvsim.drive.clock import Releases
 from kvsim.drive.concurrent import (ConcurrentRun, ReplayMode, check_supported, engine_inputs, releases_for,
                                     scheduler_settings)
+from kvsim.drive.side import Side
 from kvsim.drive.timed import TimedResult, make_engine, without_prefix_caching
 from kvsim.engines import registry
 from kvsim.engines.base import StepResult
@@ -123,16 +124,26 @@ def run_fleet_concurrent(trace, policies: list[str], options: SimOptions, mode: 
         settings, note = scheduler_settings(policy, options, mode, trace)
         t0 = time.perf_counter()
 
-        def once(s, label: str):
-            update = progress(f"{label} ({policy}, {fleet.replicas} replicas)", len(trace)) if progress else None
+        def once(s, label: str | None):
+            update = (progress(f"{label} ({policy}, {fleet.replicas} replicas)", len(trace))
+                      if progress and label else None)
             return fleet_replay_once(spec, s, fleet, options, trace, inputs, requests, releases, cost, mode, update)
 
-        result, line, router = once(settings, f"replaying {mode.mode}")
+        # the same fleet without prefix caching, beside the main replay (kvsim.drive.side)
+        uncached = (Side(lambda here, s=without_prefix_caching(settings):
+                         fleet_timed(*once(s, "without prefix caching" if here else None)[:2]))
+                    if cost is not None else None)
+        try:
+            result, line, router = once(settings, f"replaying {mode.mode}")
+        except BaseException:
+            if uncached is not None:
+                uncached.cancel()
+            raise
         r = FleetRun(policy, spec.family, mode.mode, settings, note, result, line.released, fleet=fleet, line=line,
                      router=router)
-        if cost is not None:
+        if uncached is not None:
             r.timed = fleet_timed(result, line)
-            r.uncached = fleet_timed(*once(without_prefix_caching(settings), "without prefix caching")[:2])
+            r.uncached = uncached.result()
             r.cost = cost.describe()
         if with_bounds:
             r.bounds = bounds(policy, trace, options, line.replica, np.asarray(line.order, np.int64))

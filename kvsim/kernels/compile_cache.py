@@ -145,7 +145,7 @@ class CompileNote:
                 self.timer = None
 
     def say(self) -> None:
-        if self.said:
+        if self.said or _silent:
             return
         self.said = True
         try:
@@ -155,6 +155,13 @@ class CompileNote:
 
 
 _note: CompileNote | None = None
+_silent = False
+
+
+def silence() -> None:
+    """Never print the note in this process (a forked child: its parent says it; kvsim.drive.side)."""
+    global _silent
+    _silent = True
 
 
 def _watch_compilations() -> None:

@@ -1,0 +1,114 @@
+"""Replays beside the main one, on another core.
+
+A timed replay also replays the same load without prefix caching (and, with an offload tier,
+without the tier): the time the cache saves. Those replays share nothing with the main one but
+its inputs, so where the platform forks and a second core is free, each runs in a child
+process made by ``os.fork`` (the inputs are the parent's memory, not copied) while the parent
+replays; the child sends its result back pickled. Elsewhere, or with ``KVSIM_SIDE_PROCESSES=0``,
+they run in turn after the main replay, as before. The results are the same either way
+(``tests/test_side_replays.py``).
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+#: set to 0 to run the side replays in turn, in this process
+ENV = "KVSIM_SIDE_PROCESSES"
+
+
+def can_fork() -> bool:
+    """Whether side work runs in a forked child: Linux, two cores or more for this process."""
+    if os.environ.get(ENV, "1") == "0" or sys.platform != "linux" or not hasattr(os, "fork"):
+        return False
+    try:
+        return len(os.sched_getaffinity(0)) >= 2
+    except OSError:
+        return False
+
+
+class Side(Generic[T]):
+    """``fn(here)`` computed beside the caller: :meth:`result` returns its value (or raises
+    its exception), from a child process when :func:`can_fork`, else by calling it then.
+    ``here`` is False in the child (which must not draw on the terminal)."""
+
+    def __init__(self, fn: Callable[[bool], T]) -> None:
+        self._fn: Callable[[bool], T] | None = fn
+        self._pid = 0
+        self._fd = -1
+        if can_fork():
+            self._fork()
+
+    def _fork(self) -> None:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: compute, send, and leave without running the parent's exit code
+            os.close(read)
+            _run_child(self._fn, write)
+        os.close(write)
+        self._pid, self._fd = pid, read
+
+    def result(self) -> T:
+        fn, self._fn = self._fn, None
+        if fn is None or self._pid < 0:
+            raise RuntimeError("Side.result() called twice, or after cancel()")
+        if self._pid == 0:
+            return fn(True)
+        try:
+            with os.fdopen(self._fd, "rb") as pipe:
+                self._fd = -1
+                data = pipe.read()
+        finally:
+            self._reap()
+        if not data:  # the child died before sending (killed, out of memory): do it here
+            return fn(True)
+        ok, value = pickle.loads(data)
+        if ok:
+            return value
+        raise value
+
+    def cancel(self) -> None:
+        """Stop the child, if one runs (the caller no longer needs the result)."""
+        if self._pid > 0:
+            try:
+                os.kill(self._pid, 9)
+            except ProcessLookupError:
+                pass
+            self._reap()
+
+    def _reap(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._pid > 0:
+            try:
+                os.waitpid(self._pid, 0)
+            except ChildProcessError:
+                pass
+            self._pid = -1  # reaped: result() no longer runs fn
+
+
+def _run_child(fn: Callable[[bool], object] | None, fd: int) -> None:
+    code = 0
+    try:
+        from kvsim.kernels import compile_cache
+
+        compile_cache.silence()  # the parent says it if a compilation is slow, once
+        try:
+            payload = pickle.dumps((True, fn(False)), pickle.HIGHEST_PROTOCOL)  # type: ignore[misc]
+        except BaseException as e:  # noqa: BLE001 (sent to the parent, which raises it)
+            try:
+                payload = pickle.dumps((False, e), pickle.HIGHEST_PROTOCOL)
+            except Exception:  # noqa: BLE001 (an exception that does not pickle)
+                payload = pickle.dumps((False, RuntimeError(f"{type(e).__name__}: {e}")))
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:  # noqa: BLE001 (nothing sent: the parent computes it itself)
+        code = 1
+    finally:
+        os._exit(code)

@@ -1,0 +1,111 @@
+"""The timed replays beside the main one (kvsim.drive.side): the same results from a forked
+child as in turn, errors raised in the parent, a child that dies replaced, none left behind."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from kvsim.drive import side
+from kvsim.drive.concurrent import ReplayMode, run_concurrent
+from kvsim.engines.options import SimOptions
+from kvsim.fleet.concurrent import run_fleet_concurrent
+from kvsim.fleet.config import FleetSpec
+from kvsim.workloads.shared_prefix import trace as shared_prefix
+
+forks = pytest.mark.skipif(not side.can_fork(), reason="needs Linux and two cores (CI has both)")
+TIMED_FIELDS = ("ttft", "e2e", "queueing", "prefill_tokens", "decode_tokens", "released")
+
+
+@pytest.fixture
+def in_turn(monkeypatch):
+    """Run side replays in this process, one after the other."""
+    monkeypatch.setenv(side.ENV, "0")
+
+
+def test_switched_off_runs_here(in_turn):
+    assert not side.can_fork()
+    s = side.Side(lambda here: (here, os.getpid()))
+    assert s.result() == (True, os.getpid())
+
+
+@forks
+def test_forked_child_computes_and_sends_back():
+    s = side.Side(lambda here: (here, os.getpid(), np.arange(5)))
+    here, pid, values = s.result()
+    assert here is False and pid != os.getpid()
+    assert np.array_equal(values, np.arange(5))
+
+
+@forks
+def test_an_error_in_the_child_is_raised_here():
+    def fail(here):
+        raise ValueError(f"bad input (here={here})")
+
+    with pytest.raises(ValueError, match=r"bad input \(here=False\)"):
+        side.Side(fail).result()
+
+
+@forks
+def test_a_child_that_dies_is_replaced_by_running_here():
+    def dies_in_child(here):
+        if not here:
+            os._exit(3)       # killed before sending anything (out of memory, a signal)
+        return "computed here"
+
+    assert side.Side(dies_in_child).result() == "computed here"
+
+
+@forks
+def test_cancel_stops_and_reaps_the_child():
+    s = side.Side(lambda here: time.sleep(60))
+    pid = s._pid
+    s.cancel()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)   # already reaped: no such child
+    s.cancel()                        # a second cancel signals nobody
+    with pytest.raises(RuntimeError, match="after cancel"):
+        s.result()
+
+
+def _timed_equal(a, b) -> None:
+    for k in TIMED_FIELDS:
+        assert np.array_equal(getattr(a, k), getattr(b, k), equal_nan=True), k
+    assert (a.busy_s, a.makespan_s, a.output_tokens) == (b.busy_s, b.makespan_s, b.output_tokens)
+    for k in ("cached_tokens", "first_token_step", "finish_step", "preemptions"):
+        assert np.array_equal(getattr(a.steps, k), getattr(b.steps, k)), k
+
+
+def _load():
+    return shared_prefix(groups=12, prompts_per_group=4, system_prompt_len=800, question_len=64, output_len=16,
+                         rate=4.0, seed=3)
+
+
+@forks
+@pytest.mark.parametrize("policy,tier", [("apc", None), ("radix", None), ("apc", "native"), ("radix", "hicache")])
+def test_single_replica_same_results_forked_or_in_turn(monkeypatch, policy, tier):
+    trace = _load()
+    extra = {} if tier is None else {"offload": tier, "offload_size": 40_000}
+    opts, mode = SimOptions(capacity_tokens=6_000, model="llama-3-8b", gpu="H100-80GB", extra=extra), ReplayMode("timed")
+    forked = run_concurrent(trace, [policy], opts, mode)[policy]
+    monkeypatch.setenv(side.ENV, "0")
+    in_turn = run_concurrent(trace, [policy], opts, mode)[policy]
+    assert forked.uncached.prefill_tokens.sum() > in_turn.timed.prefill_tokens.sum()   # the cache saved work
+    _timed_equal(forked.timed, in_turn.timed)
+    _timed_equal(forked.uncached, in_turn.uncached)
+    if tier is not None:
+        _timed_equal(forked.untiered, in_turn.untiered)
+
+
+@forks
+@pytest.mark.parametrize("router", ["round_robin", "dynamo"])
+def test_fleet_same_results_forked_or_in_turn(monkeypatch, router):
+    trace = _load()
+    opts, mode = SimOptions(capacity_tokens=4_000, model="llama-3-8b", gpu="H100-80GB"), ReplayMode("timed")
+    forked = run_fleet_concurrent(trace, ["apc"], opts, mode, FleetSpec(3, router))["apc"]
+    monkeypatch.setenv(side.ENV, "0")
+    in_turn = run_fleet_concurrent(trace, ["apc"], opts, mode, FleetSpec(3, router))["apc"]
+    _timed_equal(forked.timed, in_turn.timed)
+    _timed_equal(forked.uncached, in_turn.uncached)
