@@ -154,9 +154,9 @@ def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> 
     line = Timeline()
     released = np.full(n, np.nan) if timed else np.full(n, -1, np.int64)
     if timed:
-        line.first_scheduled = np.full(n, np.nan)
-        line.prefill_tokens = np.zeros(n, np.int64)
-        line.decode_tokens = np.zeros(n, np.int64)
+        # per request while the clock runs, as lists (numpy's per-element indexing cost more
+        # than the rest of a step's bookkeeping); arrays on the timeline at the end
+        first, pre, dec = [math.nan] * n, [0] * n, [0] * n
         batch = []
         decode_run = []         # the steps of a fast-forwarded decode run: (requests, step seconds)
 
@@ -165,12 +165,12 @@ def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> 
             compute = cost.seconds(new, context)
             batch.append(max(compute, load_s) if overlap else compute + load_s)
             for i, k, d in zip(reqs, new, decode):
-                if np.isnan(line.first_scheduled[i]):
-                    line.first_scheduled[i] = now
+                if first[i] != first[i]:    # NaN: its first step
+                    first[i] = now
                 if d:
-                    line.decode_tokens[i] += k
+                    dec[i] += k
                 else:
-                    line.prefill_tokens[i] += k
+                    pre[i] += k
         engine.on_batch = on_batch
 
         def on_decode_run(k, reqs, context):
@@ -209,7 +209,8 @@ def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> 
         elif timed and getattr(engine, "on_decode_run", None) is not None and engine.fast_forward(step, 1 << 62):
             reqs, seconds = decode_run
             now = line.add_steps(now, seconds)
-            line.decode_tokens[reqs] += len(seconds)
+            for i in reqs:
+                dec[i] += len(seconds)
             step += len(seconds)
             continue
         if engine.step(step if timed else now):
@@ -226,6 +227,9 @@ def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> 
             if i in followers:
                 release_followers(i, line.step_end[result.finish_step[i]] if timed else now)
     line.released = released
+    if timed:
+        line.first_scheduled = np.array(first, np.float64)
+        line.prefill_tokens, line.decode_tokens = np.array(pre, np.int64), np.array(dec, np.int64)
     if progress is not None:
         progress(n)
     return (step if timed else now), line
