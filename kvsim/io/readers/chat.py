@@ -141,18 +141,18 @@ class ChatReader(JsonRequestReader):
         batch: list[PendingRequest] = []
         weight = 0
         started = False
+        limited = ctx.limit is not None
         line = 0  # (counted here: the blocks of a plain file come unnumbered)
         for _, block in src.line_blocks(numbered=False):
             data = block_buffer(block)
             view, find = memoryview(data), data.find
             pos, end = 0, len(block)
-            while pos < end and not ctx.full():
+            while pos < end and not (limited and ctx.full()):
                 stop = find(b"\n", pos, end)
                 if stop < 0:
                     stop = end
                 raw = view[pos:stop]
-                whole = view[pos:min(stop + 1, end)]     # with its newline, as the general reader reads a line
-                pos = stop + 1
+                start, pos = pos, stop + 1
                 line += 1
                 req = None if line == 1 and raw[:3] == UTF8_BOM else self._fast_request(raw, decoders, store, ctx)
                 if req is not None:
@@ -168,6 +168,7 @@ class ChatReader(JsonRequestReader):
                     if not bytes(raw).strip():
                         continue  # a blank line before the first record
                     return False
+                whole = view[start:min(stop + 1, end)]     # with its newline, as the general reader reads a line
                 reqs = self.general_requests(bytes(whole), line, src, ctx)
                 if reqs is not None:
                     batch, weight = self._take(reqs, batch, weight, ctx)
