@@ -13,7 +13,8 @@ wheel was built into that folder (:mod:`.prebuilt`), so that a fresh install has
 compile on the commands the build ran.
 
 Other kernels are compiled lazily, when a command first calls them, and then loaded from
-that folder by every later process. The first compilation on a machine can take seconds:
+that folder by every later process. A kernel loaded from the folder starts only numba's
+runtime, not its compiler's tables (:func:`_light_cache_loads`). The first compilation on a machine can take seconds:
 when one has been running for :data:`NOTE_AFTER_S`, one line says so on stderr (once a
 process). With ``KVSIM_KERNEL_LOG=FILE`` each compilation (each cache miss) appends a line
 ``module.function<TAB>signature`` to FILE: what tests and the build check with.
@@ -118,8 +119,37 @@ def _numba_loaded() -> None:
     from kvsim.kernels import locator, prebuilt
 
     _watch_compilations()
+    _light_cache_loads()
     locator.install()
     prebuilt.seed_user_cache()
+
+
+def _light_cache_loads() -> None:
+    """Load cached kernels without refreshing numba's whole target context.
+
+    Before loading a kernel from its cache, numba refreshes the target context: it starts its
+    runtime (NRT), which the machine code calls, and imports every lowering module it has
+    (its array, linear-algebra, random, typed-container and other implementations), which
+    only a compilation uses. That import was most of a command's first kernel load (0.1 s of
+    0.14-0.17 s on the 2-core machine; docs/performance.md, "Start-up"). Here a load starts
+    the runtime only; a compilation still refreshes everything first (numba's
+    ``CompilerBase`` does), so a kernel compiled after a load is compiled as before
+    (``tests/test_kernel_cache.py``)."""
+    from numba.core import caching
+    from numba.core.runtime import rtsys
+
+    full = caching.Cache.load_overload
+    if getattr(full, "_kvsim_light", False) or not all(
+            hasattr(caching.Cache, name) for name in ("_load_overload", "_guard_against_spurious_io_errors")):
+        return  # done, or a numba whose cache works otherwise: its own loads
+
+    def load_overload(self, sig, target_context):
+        rtsys.initialize(target_context)
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
+
+    load_overload._kvsim_light = True  # type: ignore[attr-defined]
+    caching.Cache.load_overload = load_overload
 
 
 class CompileNote:
