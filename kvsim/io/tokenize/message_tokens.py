@@ -75,7 +75,7 @@ class MessageTokens:
         self._flat = np.empty(1 << 16, np.int32)
         self._starts = np.zeros(1 << 12, np.int64)
         self._count = 0  # pieces tokenized
-        self._arange = np.zeros(0, np.int32)
+        self._index = np.zeros(0, np.int32)   # the gather index of a batch (kept: _gather_index)
         self.splits: dict[int, tuple[str, str, str]] = {}  # handle -> (before, message text, after)
         self.held = 0
         # reply text -> its tokens, and whether they hold no special token (the tokenizing thread's)
@@ -288,12 +288,7 @@ class MessageTokens:
             gather_pieces(self._flat, self._starts, handles, counts, first, tokens, lengths, msg_starts)
             return Packed(tokens, lengths, msg_counts, msg_starts)
         ends = np.cumsum(sizes)
-        # token t of the batch comes from flat[t + shift], shift constant within a piece
-        # (int32 where it fits: half the memory, and no array large enough for huge pages)
-        small = max(total, len(self._flat)) < 2**31
-        index = np.repeat((begin - (ends - sizes)).astype(np.int32 if small else np.int64), sizes)
-        index += self._positions(total) if small else np.arange(total, dtype=np.int64)
-        tokens = self._flat[index]
+        tokens = self._flat[self._gather_index(begin, sizes, ends, total)]
         last = np.cumsum(counts) - 1  # index of each prompt's last piece (the tail)
         lengths = np.diff(ends[last], prepend=0)
         # messages: the pieces after the head and before the tail; each starts where the
@@ -304,11 +299,25 @@ class MessageTokens:
         msg_starts = np.where(local == first, 0, ends - sizes - prompt_base)[is_msg]
         return Packed(tokens, lengths, counts - 1 - first, msg_starts)
 
-    def _positions(self, n: int) -> np.ndarray:
-        """0, 1, ..., n - 1 as int32 (kept between batches; n < 2**31)."""
-        if len(self._arange) < n:
-            self._arange = np.arange(max(n, 2 * len(self._arange)), dtype=np.int32)
-        return self._arange[:n]
+    def _gather_index(self, begin: np.ndarray, sizes: np.ndarray, ends: np.ndarray, total: int) -> np.ndarray:
+        """Where each of the batch's ``total`` tokens is in ``flat``: piece p's tokens are
+        flat[begin[p]:begin[p] + sizes[p]], one after another. Built as the running sum of its
+        steps (1 inside a piece, a jump where one starts) in a buffer kept between batches
+        (int32 where it fits), so that a batch allocates no index of its own."""
+        dtype = np.int32 if max(total, len(self._flat)) < 2**31 else np.int64
+        if len(self._index) < total or self._index.dtype != dtype:
+            self._index = np.empty(max(total, 2 * len(self._index)), dtype)
+        index = self._index[:total]
+        if total == 0:
+            return index
+        used = sizes > 0
+        b, o, n = begin[used], (ends - sizes)[used], sizes[used]
+        index.fill(1)
+        index[0] = b[0]
+        # at the start of piece p: from the last token of piece p - 1 to the first of p
+        index[o[1:]] = b[1:] - (b[:-1] + n[:-1] - 1)
+        np.cumsum(index, out=index)
+        return index
 
     def _assemble(self, prompts: list[PieceRefs], where: list[int], ids: list, starts: list) -> None:
         packed = self._pack(prompts)
