@@ -109,3 +109,16 @@ def test_fleet_same_results_forked_or_in_turn(monkeypatch, router):
     in_turn = run_fleet_concurrent(trace, ["apc"], opts, mode, FleetSpec(3, router))["apc"]
     _timed_equal(forked.timed, in_turn.timed)
     _timed_equal(forked.uncached, in_turn.uncached)
+
+
+@forks
+def test_the_child_prints_nothing(capfd):
+    def noisy(here):
+        print("from the replay")
+        import warnings
+        warnings.warn("a warning in the replay")
+        return 1
+
+    assert side.Side(noisy).result() == 1
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import warnings
 from typing import Callable, Generic, TypeVar
 
 T = TypeVar("T")
@@ -95,6 +96,10 @@ class Side(Generic[T]):
 def _run_child(fn: Callable[[bool], object] | None, fd: int) -> None:
     code = 0
     try:
+        # Nothing from the child reaches the terminal, and nothing waits on a lock of the
+        # parent's streams that another thread (a progress bar's) held at the fork.
+        sys.stdout = sys.stderr = open(os.devnull, "w")
+        warnings.simplefilter("ignore")
         from kvsim.kernels import compile_cache
 
         compile_cache.silence()  # the parent says it if a compilation is slow, once
