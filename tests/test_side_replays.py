@@ -122,3 +122,35 @@ def test_the_child_prints_nothing(capfd):
     assert side.Side(noisy).result() == 1
     out, err = capfd.readouterr()
     assert out == "" and err == ""
+
+
+@forks
+def test_a_stuck_child_is_stopped_and_its_work_done_here(monkeypatch):
+    monkeypatch.setattr(side, "STALL_S", 0.5)
+
+    def stuck_in_child(here):
+        if not here:
+            time.sleep(3600)   # as if waiting for a lock a vanished thread held at the fork
+        return "computed here"
+
+    s = side.Side(stuck_in_child)
+    pid = s._pid
+    t0 = time.perf_counter()
+    assert s.result() == "computed here"
+    assert time.perf_counter() - t0 < 30
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)   # stopped and reaped
+
+
+@forks
+def test_a_busy_child_is_not_taken_for_stuck(monkeypatch):
+    monkeypatch.setattr(side, "STALL_S", 1.0)
+
+    def busy(here):
+        end = time.perf_counter() + 2.0
+        n = 0
+        while time.perf_counter() < end:
+            n += 1
+        return here
+
+    assert side.Side(busy).result() is False    # the child's own result, after twice the stall time

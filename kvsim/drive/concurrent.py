@@ -181,16 +181,17 @@ def run_concurrent(trace: Trace, policies: list[str], options: SimOptions, mode:
         settings, note = scheduler_settings(policy, options, mode, trace)
         t0 = time.perf_counter()
 
-        def replay(s, label: str | None):
-            engine = make_engine(s, **inputs)
+        def replay(s, label: str | None, engine=None):
+            engine = engine or make_engine(s, **inputs)
             update = progress(f"{label} ({policy})", len(trace)) if progress and label else None
             steps, line = run(engine, releases, cost, progress=update)
             engine.result.steps = steps
             return engine.result, line
 
+        main = make_engine(settings, **inputs)   # (its modules imported before a side replay forks)
         sides = _side_replays(settings, replay) if cost is not None else {}
         try:
-            result, line = replay(settings, f"replaying {mode.mode}")
+            result, line = replay(settings, f"replaying {mode.mode}", main)
         except BaseException:
             for side in sides.values():
                 side.cancel()

@@ -7,11 +7,18 @@ process made by ``os.fork`` (the inputs are the parent's memory, not copied) whi
 replays; the child sends its result back pickled. Elsewhere, or with ``KVSIM_SIDE_PROCESSES=0``,
 they run in turn after the main replay, as before. The results are the same either way
 (``tests/test_side_replays.py``).
+
+A forked child holds only the thread that forked. Should another thread of the parent have
+held a lock at that moment (an import's, say) that the child then needs, the child would wait
+for ever; so while the parent waits for a result it watches the child's CPU time, and a child
+that has used none for :data:`STALL_S` seconds while sending nothing is stopped and its work
+done in the parent instead.
 """
 from __future__ import annotations
 
 import os
 import pickle
+import select
 import sys
 import warnings
 from typing import Callable, Generic, TypeVar
@@ -20,6 +27,8 @@ T = TypeVar("T")
 
 #: set to 0 to run the side replays in turn, in this process
 ENV = "KVSIM_SIDE_PROCESSES"
+#: a child that has used no CPU time for this long, sending nothing, is taken as stuck
+STALL_S = 5.0
 
 
 def can_fork() -> bool:
@@ -60,17 +69,37 @@ class Side(Generic[T]):
         if self._pid == 0:
             return fn(True)
         try:
-            with os.fdopen(self._fd, "rb") as pipe:
-                self._fd = -1
-                data = pipe.read()
+            data = self._receive()
         finally:
             self._reap()
-        if not data:  # the child died before sending (killed, out of memory): do it here
+        if data is None:  # the child died before sending (killed, out of memory) or was stuck: do it here
             return fn(True)
         ok, value = pickle.loads(data)
         if ok:
             return value
         raise value
+
+    def _receive(self) -> bytes | None:
+        """The child's whole message; None if it ended without one or stalled (then stopped)."""
+        chunks: list[bytes] = []
+        cpu, idle = _cpu_ticks(self._pid), 0.0
+        while True:
+            ready, _, _ = select.select([self._fd], [], [], _POLL_S)
+            if ready:
+                chunk = os.read(self._fd, 1 << 20)
+                if not chunk:
+                    return b"".join(chunks) or None
+                chunks.append(chunk)
+                idle = 0.0
+                continue
+            now = _cpu_ticks(self._pid)
+            if now is None or now != cpu:
+                cpu, idle = now, 0.0
+                continue
+            idle += _POLL_S
+            if idle >= STALL_S:
+                self.cancel()
+                return None
 
     def cancel(self) -> None:
         """Stop the child, if one runs (the caller no longer needs the result)."""
@@ -91,6 +120,20 @@ class Side(Generic[T]):
             except ChildProcessError:
                 pass
             self._pid = -1  # reaped: result() no longer runs fn
+
+
+#: how often a waiting parent looks at the child's CPU time (seconds)
+_POLL_S = 0.25
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    """User + system clock ticks of process ``pid`` so far (None: it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])   # utime, stime (proc(5), fields 14 and 15)
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _run_child(fn: Callable[[bool], object] | None, fd: int) -> None:

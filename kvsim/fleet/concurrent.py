@@ -129,7 +129,10 @@ def run_fleet_concurrent(trace, policies: list[str], options: SimOptions, mode: 
                       if progress and label else None)
             return fleet_replay_once(spec, s, fleet, options, trace, inputs, requests, releases, cost, mode, update)
 
-        # the same fleet without prefix caching, beside the main replay (kvsim.drive.side)
+        # the same fleet without prefix caching, beside the main replay (kvsim.drive.side),
+        # forked once the engine's modules are imported
+        if cost is not None:
+            make_engine(settings, **inputs)
         uncached = (Side(lambda here, s=without_prefix_caching(settings):
                          fleet_timed(*once(s, "without prefix caching" if here else None)[:2]))
                     if cost is not None else None)
