@@ -154,3 +154,17 @@ def test_a_busy_child_is_not_taken_for_stuck(monkeypatch):
         return here
 
     assert side.Side(busy).result() is False    # the child's own result, after twice the stall time
+
+
+class _NeedsTwoArgs(Exception):
+    def __init__(self, path, what):
+        super().__init__(f"{path}: {what}")     # its args cannot rebuild it
+
+
+@forks
+def test_an_error_that_does_not_unpickle_is_raised_here():
+    def fail(here):
+        raise _NeedsTwoArgs("log.jsonl", f"bad line (here={here})")
+
+    with pytest.raises(_NeedsTwoArgs, match=r"log.jsonl: bad line \(here=True\)"):
+        side.Side(fail).result()

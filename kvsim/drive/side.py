@@ -74,7 +74,10 @@ class Side(Generic[T]):
             self._reap()
         if data is None:  # the child died before sending (killed, out of memory) or was stuck: do it here
             return fn(True)
-        ok, value = pickle.loads(data)
+        try:
+            ok, value = pickle.loads(data)
+        except Exception:  # noqa: BLE001 (an exception whose class cannot be rebuilt from its args)
+            return fn(True)  # here it raises as it would have
         if ok:
             return value
         raise value
