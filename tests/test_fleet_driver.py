@@ -294,3 +294,28 @@ def test_dynamo_fed_events_under_load_holds_exactly_the_pools_keys(monkeypatch):
     run = run_fleet_concurrent(namespaced(5), ["apc"], SimOptions(capacity_tokens=900), ReplayMode("steps"),
                                FleetSpec(3, "dynamo"), with_bounds=False)["apc"]
     assert run.steps.preemptions.sum() > 0 and sum(checks) > 1000
+
+
+@pytest.mark.parametrize("router,options,fed", [("dynamo", (), False), ("dynamo", (), True),
+                                                 ("dynamo", (("mode", "approx"),), False)])
+def test_dynamo_booked_blocks_are_a_prefix(monkeypatch, router, options, fed):
+    """Why Dynamo's cost counts a request's booked blocks by bisection: at every decision of a
+    loaded fleet (namespaces, preemption) the count equals Dynamo's block-by-block count."""
+    import kvsim.fleet.routers.dynamo as dynamo
+
+    if fed:
+        monkeypatch.setattr("kvsim.engines.vllm.events.reads_devices", lambda settings: False)
+    counts = []
+    bisected = dynamo.booked_prefix
+
+    def checked(active, keys):
+        n = bisected(active, keys)
+        assert n == sum(k in active for k in keys)
+        counts.append((n, len(keys)))
+        return n
+    monkeypatch.setattr(dynamo, "booked_prefix", checked)
+    for mode in ("steps", "timed"):
+        run_fleet_concurrent(namespaced(7), ["apc"], SimOptions(capacity_tokens=900, **TIMED), ReplayMode(mode),
+                             FleetSpec(3, router, options), with_bounds=False)
+    assert len(counts) > 500
+    assert sum(0 < n < k for n, k in counts) > 50      # partly booked prompts, not only all or nothing

@@ -60,6 +60,22 @@ class _Booking:
     keys: list[int]             # full-block keys counted as active blocks until finished
 
 
+def booked_prefix(active: dict[int, int], keys: Sequence[int]) -> int:
+    """How many of a request's ``keys`` are in ``active`` (Dynamo counts them one by one).
+
+    ``active`` holds the whole key chains of the booked requests, and a prefix-chained key
+    stands for its whole prefix, so a key is booked only if every key before it is: the
+    booked keys are a prefix of ``keys``, found by bisection (docs/engines/routers.md §3.3)."""
+    lo, hi = 0, len(keys)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if keys[mid] in active:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 class DynamoRouter(Router):
     """Dynamo's ``DefaultWorkerSelector`` over its own active-sequence tracker and KV index."""
 
@@ -132,7 +148,7 @@ class DynamoRouter(Router):
             raw = (self.active_prefill[w] + len(req.tokens)) / bs
             adjusted = max(raw - s.overlap_score_credit * dev, 0.0)
             active = self.active_blocks[w]
-            decode = len(active) + len(keys) - sum(map(active.__contains__, keys))   # shared blocks count once
+            decode = len(active) + len(keys) - booked_prefix(active, keys)   # shared blocks count once
             out.append(s.prefill_load_scale * adjusted + decode
                        + s.decode_active_request_weight * self.active_requests[w])
         return out
