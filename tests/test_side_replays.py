@@ -109,6 +109,10 @@ def test_fleet_same_results_forked_or_in_turn(monkeypatch, router):
     in_turn = run_fleet_concurrent(trace, ["apc"], opts, mode, FleetSpec(3, router))["apc"]
     _timed_equal(forked.timed, in_turn.timed)
     _timed_equal(forked.uncached, in_turn.uncached)
+    # the bounds: the replicas' unlimited replays beside the fleet's
+    assert forked.bounds.routed.sum() > 0
+    assert np.array_equal(forked.bounds.fleet, in_turn.bounds.fleet)
+    assert np.array_equal(forked.bounds.routed, in_turn.bounds.routed)
 
 
 @forks

@@ -57,15 +57,23 @@ def _cached(policy: str, trace, work, order: np.ndarray, options: SimOptions) ->
 
 
 def bounds(policy: str, trace, options: SimOptions, replica: np.ndarray, order: np.ndarray) -> Bounds:
-    """Both bounds for a routing (``replica`` per request) and the order the replicas took them."""
+    """Both bounds for a routing (``replica`` per request) and the order the replicas took them
+    (the replicas' replays beside the fleet's, on another core where one is free:
+    :mod:`kvsim.drive.side`)."""
+    from kvsim.drive.side import Side
+
     opts = unlimited(options)
     order = np.asarray(order, np.int64)
     work = workload(trace)
-    routed = np.zeros(len(trace), np.int64)
     of = replica[order]
-    for r in np.unique(of):
-        routed += _cached(policy, trace, work, order[of == r], opts)
-    return Bounds(_cached(policy, trace, work, order, opts), routed)
+
+    def routed(here: bool) -> np.ndarray:
+        out = np.zeros(len(trace), np.int64)
+        for r in np.unique(of):
+            out += _cached(policy, trace, work, order[of == r], opts)
+        return out
+    per_replica = Side(routed)
+    return Bounds(_cached(policy, trace, work, order, opts), per_replica.result())
 
 
 def rate(cached: np.ndarray, prompt: np.ndarray, counted: np.ndarray) -> float:
