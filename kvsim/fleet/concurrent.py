@@ -129,8 +129,8 @@ def run_fleet_concurrent(trace, policies: list[str], options: SimOptions, mode: 
                       if progress and label else None)
             return fleet_replay_once(spec, s, fleet, options, trace, inputs, requests, releases, cost, mode, update)
 
-        # the same fleet without prefix caching, beside the main replay (kvsim.drive.side),
-        # forked once the engine's modules are imported
+        # the same fleet without prefix caching, beside the main replay (kvsim.drive.side); an
+        # engine built and dropped first imports the engine's modules before the fork
         if cost is not None:
             make_engine(settings, **inputs)
         uncached = (Side(lambda here, s=without_prefix_caching(settings):
