@@ -135,6 +135,9 @@ def _time_dispatchers() -> None:
 
 
 def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
+        print(__doc__.split("\n\n")[1], file=sys.stderr)     # the usage line (not an output named "--help")
+        return 2
     out, argv = sys.argv[1], sys.argv[2:]
     sys.meta_path.insert(0, _NumbaTimer())
     t = time.perf_counter()
