@@ -1,12 +1,14 @@
 """Start-up: commands import heavy packages only where they use them (no timing here; the
-times are measured by bench/bench_ingest.py, section startup)."""
+times are measured by bench/bench_ingest.py, section startup, and bench/command_phases.py).
+pydantic is heavy here too: Typer 0.29 imported it to coerce every option (docs/performance.md,
+"Start-up: Typer's option parsing"); only ``kvsim serve`` uses it."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
 
-HEAVY = ("numpy", "pandas", "numba", "matplotlib", "torch", "pyarrow", "tiktoken", "jinja2", "ray")
+HEAVY = ("numpy", "pandas", "numba", "matplotlib", "torch", "pyarrow", "tiktoken", "jinja2", "ray", "pydantic")
 
 
 def imported_by(args: list[str]) -> set[str]:
