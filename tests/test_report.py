@@ -177,3 +177,26 @@ def test_a_trace_without_tokens_is_a_clear_error():
                arrival=np.array([0.0, 1.0]))
     with pytest.raises(KvsimError, match="report"):
         build_report(tr)
+
+
+def test_replay_batches_run_on_every_core_only_when_large(monkeypatch):
+    """By default a batch of exact replays goes to a worker per core once it replays
+    PARALLEL_MIN_TOKENS prompt tokens in all, else it runs in this process; ``jobs`` decides
+    when given. The page is the same either way."""
+    import kvsim.report.build as build
+    from kvsim.sweep import executors
+
+    tr = _trace_with_reuse_distance()
+    asked: list = []
+    real = executors.make_executor
+    monkeypatch.setattr(executors, "make_executor", lambda name="local", jobs=None: asked.append(jobs) or real(name, jobs))
+    in_process = render_html(build_report(tr, ReportOptions(block_sizes=(16,))))
+    assert asked and set(asked) == {1}           # a small log: every batch here
+    asked.clear()
+    monkeypatch.setattr(build, "PARALLEL_MIN_TOKENS", 1)
+    on_every_core = render_html(build_report(tr, ReportOptions(block_sizes=(16,))))
+    assert asked and set(asked) == {None}
+    asked.clear()
+    given = render_html(build_report(tr, ReportOptions(block_sizes=(16,), jobs=1)))
+    assert set(asked) == {1}
+    assert on_every_core == in_process == given

@@ -55,7 +55,8 @@ def report(
         "--gpu-results", help="gpu-validate result JSON (gpu_validate.json): add the GPU validation section.",
         rich_help_panel=_OUT, show_default=False)] = None,
     jobs: Annotated[Optional[int], typer.Option(
-        "--jobs", "-j", help="Parallel replays (default: 1 below 2M prompt tokens, else all CPUs).",
+        "--jobs", "-j",
+        help="Parallel replays (default: every core for a batch of replays of 2M prompt tokens or more, else 1).",
         show_default=False)] = None,
     warmup: WarmupOpt = None,
     concurrent: ConcurrentOpt = True,

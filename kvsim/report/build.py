@@ -37,6 +37,10 @@ DENSE_POINTS = 16            # exact replays along the capacity axis of any othe
 DENSE_STEP = 0.01            # then more wherever neighbours differ by more than this,
 DENSE_MAX_POINTS = 96        # up to this many (twice DENSE_POINTS for logs of DENSE_BIG_TOKENS and more)
 DENSE_BIG_TOKENS = 20_000_000
+#: a batch of exact replays of at least this many prompt tokens in all (replays x the log's
+#: prompt tokens) runs on every core by default; a smaller one in this process, where the
+#: worker pool's start would cost more than it saves (docs/performance.md, "The report")
+PARALLEL_MIN_TOKENS = 2_000_000
 OPTIMAL_POINTS = 48          # capacities of each optimal curve
 NEAR_OPTIMAL = 0.9           # "reaches 90% of the optimum"
 MAX_GROUPS = 12              # bars per grouping panel
@@ -57,7 +61,7 @@ class ReportOptions:
     model: str | None = None                 # GiB figures (default: sim.model)
     calibration: Any = None                  # kvsim.gpu.calibration.Calibration
     gpu_results: Path | None = None          # gpu_validate.json of kvsim gpu-validate
-    jobs: int | None = None                  # parallel replays (None: 1 for small traces, else all CPUs)
+    jobs: int | None = None                  # parallel replays (None: every core for large batches)
     target_share: float = 0.9
     curve_points: int = 96
     title: str | None = None
@@ -141,8 +145,6 @@ class _Builder:
             from kvsim.models import get_model
 
             self.kv_bytes = int(get_model(opts.model).kv_bytes_per_token())
-        n_tok = trace.num_prompt_tokens if trace.has_tokens else 0
-        self.jobs = opts.jobs if opts.jobs is not None else (1 if n_tok < 2_000_000 else None)
         self.notes: list[str] = []
         self.specs = [registry.engine(p) for p in opts.policies]
         self.names = [s.name for s in self.specs]
@@ -284,8 +286,15 @@ class _Builder:
         settings = {name: [getattr(sim, name)] for name in SWEEP_LISTS} | lists
         grid = {SWEEP_LISTS[name]: values for name, values in settings.items()}
         extra = {"engine_version": sim.engine_version} if sim.engine_version else {}
-        return sweep(self.trace, policy, capacities, jobs=self.jobs, curves=False, warmup=self.opts.warmup,
+        replays = len(capacities) * math.prod(map(len, lists.values()))
+        return sweep(self.trace, policy, capacities, jobs=self._jobs(replays), curves=False, warmup=self.opts.warmup,
                      optimal=False, **grid, **extra).frame
+
+    def _jobs(self, replays: int) -> int | None:
+        """Worker processes for a batch of ``replays`` (None: one per core): ``--jobs`` if given."""
+        if self.opts.jobs is not None:
+            return self.opts.jobs
+        return None if replays * self.trace.num_prompt_tokens >= PARALLEL_MIN_TOKENS else 1
 
     def _capacity_range(self) -> tuple[float, float]:
         """The capacity axis: from where the yardstick curve is exact (and every engine drawn by
