@@ -144,8 +144,8 @@ def test_every_chart_has_a_title_labelled_axes_with_units_and_a_caption(monkeypa
     from kvsim.report import build as B
 
     figures = []
-    real = B.F.png_bytes
-    monkeypatch.setattr(B.F, "png_bytes", lambda fig: figures.append(fig) or real(fig))
+    real = B._Builder._chart
+    monkeypatch.setattr(B._Builder, "_chart", lambda self, name, fig, *a: figures.append(fig) or real(self, name, fig, *a))
     tr = _trace_with_reuse_distance()
     data = build_report(tr, ReportOptions(block_sizes=(16, 32)))
     assert len(figures) == len(data.charts) >= 5
@@ -200,3 +200,25 @@ def test_replay_batches_run_on_every_core_only_when_large(monkeypatch):
     given = render_html(build_report(tr, ReportOptions(block_sizes=(16,), jobs=1)))
     assert set(asked) == {1}
     assert on_every_core == in_process == given
+
+
+def test_charts_drawn_in_a_forked_child_are_the_same_bytes(monkeypatch):
+    """Every other chart's PNG is drawn by a forked child beside the process (kvsim.drive.side):
+    the bytes are those the process draws itself, in the charts' order."""
+    from kvsim.drive import side
+
+    if not side.can_fork():
+        pytest.skip("needs Linux and two cores (os.fork): nothing is drawn beside the process here")
+    forks: list[int] = []
+    real = side.Side._fork
+    monkeypatch.setattr(side.Side, "_fork", lambda self: forks.append(1) or real(self))
+    tr = _shared_prefix_trace()
+    beside = build_report(tr, ReportOptions(block_sizes=(16, 32)))
+    assert forks
+    monkeypatch.setenv(side.ENV, "0")
+    forks.clear()
+    in_turn = build_report(tr, ReportOptions(block_sizes=(16, 32)))
+    assert not forks
+    charts = [(c.name, c.png) for s in beside.sections for c in s.charts]
+    assert len(charts) >= 4 and all(png.startswith(b"\x89PNG") for _, png in charts)
+    assert charts == [(c.name, c.png) for s in in_turn.sections for c in s.charts]

@@ -149,6 +149,7 @@ class _Builder:
         self.specs = [registry.engine(p) for p in opts.policies]
         self.names = [s.name for s in self.specs]
         self.colors = {s.name: s.color for s in self.specs}
+        self._to_draw: list[tuple[Chart, Any]] = []   # charts whose PNG is not drawn yet, with their figures
 
     def _phase(self, text: str) -> None:
         self.say(f"[{time.perf_counter() - self.t0:5.1f} s] {text}")
@@ -205,6 +206,7 @@ class _Builder:
         key, numbers = self._key_numbers()
         title = o.title or f"kvsim report: {', '.join(Path(s).name for s in tr.meta.sources) or 'trace'}"
         subtitle = T.trace_line(analysis["shape"])
+        self._draw_charts()
         self._phase(f"{sum(len(s.charts) for s in sections)} charts ready")
         return ReportData(title, subtitle, key, sections, self.notes, numbers)
 
@@ -549,10 +551,29 @@ class _Builder:
                                {p: _hit_rate(self.runs[p], self.trace) for p in names}, self._chart, timed)
 
     def _chart(self, name: str, fig: Any, caption: str, alt: str) -> Chart:
+        """A chart of ``fig``; its PNG is drawn with the others at the end (:meth:`_draw_charts`)."""
         title = fig.axes[0].get_title(loc="left") if fig.axes else name
         if getattr(fig, "_suptitle", None) is not None:
             title = fig._suptitle.get_text()
-        return Chart(name, title, caption, F.png_bytes(fig), alt)
+        chart = Chart(name, title, caption, b"", alt)
+        self._to_draw.append((chart, fig))
+        return chart
+
+    def _draw_charts(self) -> None:
+        """Draw the PNG of every chart made so far: every other one in a forked child, beside
+        this process, where a second core is free (:class:`kvsim.drive.side.Side`; else in
+        turn). Matplotlib draws a figure to the same bytes in either process (tests/test_report.py)."""
+        from kvsim.drive.side import Side
+
+        todo, self._to_draw = self._to_draw, []
+        figs = [fig for _, fig in todo]
+        theirs = figs[1::2]
+        side = Side(lambda here: [F.png_bytes(f) for f in theirs]) if len(theirs) > 1 else None
+        pngs: list[bytes] = [b""] * len(figs)
+        pngs[0::2] = [F.png_bytes(f) for f in figs[0::2]]
+        pngs[1::2] = side.result() if side is not None else [F.png_bytes(f) for f in theirs]
+        for (chart, _), png in zip(todo, pngs):
+            chart.png = png
 
     def _cap_text(self, policy: str) -> str:
         return T.capacity_text(self.caps[policy], self.kv_bytes)
