@@ -6,7 +6,8 @@ its inputs, so where the platform forks and a second core is free, each runs in 
 process made by ``os.fork`` (the inputs are the parent's memory, not copied) while the parent
 replays; the child sends its result back pickled. Elsewhere, or with ``KVSIM_SIDE_PROCESSES=0``,
 they run in turn after the main replay, as before. The results are the same either way
-(``tests/test_side_replays.py``).
+(``tests/test_side_replays.py``). The fleet's bounds and the report's charts (every other
+PNG) are computed beside the caller the same way.
 
 A forked child holds only the thread that forked. Should another thread of the parent have
 held a lock at that moment (an import's, say) that the child then needs, the child would wait
