@@ -145,7 +145,8 @@ def test_every_chart_has_a_title_labelled_axes_with_units_and_a_caption(monkeypa
 
     figures = []
     real = B._Builder._chart
-    monkeypatch.setattr(B._Builder, "_chart", lambda self, name, fig, *a: figures.append(fig) or real(self, name, fig, *a))
+    monkeypatch.setattr(B._Builder, "_chart",
+                        lambda self, name, fig, *a: figures.append(fig) or real(self, name, fig, *a))
     tr = _trace_with_reuse_distance()
     data = build_report(tr, ReportOptions(block_sizes=(16, 32)))
     assert len(figures) == len(data.charts) >= 5
@@ -189,7 +190,8 @@ def test_replay_batches_run_on_every_core_only_when_large(monkeypatch):
     tr = _trace_with_reuse_distance()
     asked: list = []
     real = executors.make_executor
-    monkeypatch.setattr(executors, "make_executor", lambda name="local", jobs=None: asked.append(jobs) or real(name, jobs))
+    monkeypatch.setattr(executors, "make_executor",
+                        lambda name="local", jobs=None: asked.append(jobs) or real(name, jobs))
     in_process = render_html(build_report(tr, ReportOptions(block_sizes=(16,))))
     assert asked and set(asked) == {1}           # a small log: every batch here
     asked.clear()
