@@ -30,6 +30,9 @@ Sections (``--only``, comma-separated; default all but ``first_run``):
   code's command runs in turn too), and both in one process;
 - ``second``: the second read of a log: a command that stores the trace (empty cache) and
   the next one (maps it), and a command on the Parquet file ``kvsim convert`` wrote;
+- ``report``: ``kvsim report`` on ``traces/demo_mixture.jsonl`` (``--capacity 20000``) in turn
+  with the same command with ``--jobs 1`` and ``KVSIM_SIDE_PROCESSES=0`` (its exact replays
+  and charts one after the other), the pages compared byte for byte;
 - ``first_run``: ``pip install`` of a clean export of the repository (``git archive HEAD``)
   into a fresh virtual environment under /tmp (``--fresh-venv``; reused when it holds
   kvsim), then a command with an empty user cache folder (no compiled kernels, no trace)
@@ -65,7 +68,7 @@ import bench_ingest  # noqa: E402  (inputs and the chat loop, shared)
 
 PHASES = HERE / "command_phases.py"
 KVSIM = [sys.executable, "-c", "from kvsim.cli import main; main()"]
-SECTIONS = ("phases", "engines", "chat", "second", "first_run")
+SECTIONS = ("phases", "engines", "chat", "second", "report", "first_run")
 
 
 # -- inputs ----------------------------------------------------------------------------------
@@ -327,6 +330,30 @@ def bench_second(files: dict, runs: int, env: dict) -> dict:
     return out
 
 
+def bench_report(files: dict, runs: int, env: dict) -> dict:
+    """``kvsim report`` on the demo trace (``make demo``'s last command), whole processes, in turn
+    with the same command run as before this round (``--jobs 1`` and ``KVSIM_SIDE_PROCESSES=0``:
+    its exact replays and its charts one after the other); the two pages compared byte for byte."""
+    trace = ROOT / "traces" / "demo_mixture.jsonl"
+    variants = {"now": ({}, []), "in_turn": ({"KVSIM_SIDE_PROCESSES": "0"}, ["--jobs", "1"])}
+    walls: dict[str, list[float]] = {v: [] for v in variants}
+    pages: dict[str, bytes] = {}
+    for _ in range(runs):
+        for v, (extra_env, extra) in variants.items():
+            page = files["dir"] / f"report_{v}" / "report.html"   # the same PNG names in both pages
+            page.parent.mkdir(exist_ok=True)
+            walls[v].append(run([*KVSIM, "report", str(trace), "--capacity", "20000", "-o", str(page), *extra],
+                                {**env, **extra_env})[0])
+            pages[v] = page.read_bytes()
+    out = {v: {"wall_s": med(w), "walls": [round(x, 2) for x in w]} for v, w in walls.items()}
+    out["ratio"] = out["now"]["wall_s"] / out["in_turn"]["wall_s"]
+    out["same_page"] = pages["now"] == pages["in_turn"]
+    print(f"  report (demo_mixture.jsonl): now {out['now']['wall_s']:.2f} s, replays and charts in turn "
+          f"{out['in_turn']['wall_s']:.2f} s ({out['ratio']:.2f}x); same page: {out['same_page']}",
+          file=sys.stderr, flush=True)
+    return out
+
+
 def bench_first_run(files: dict, runs: int, venv: Path) -> dict:
     kvsim = venv / "bin" / "kvsim"
     if not kvsim.exists():
@@ -412,6 +439,7 @@ def main() -> None:
                  "engines": lambda: bench_engines(files, args.runs, args.real_runs, env),
                  "chat": lambda: bench_chat(files, args.runs, env, baseline),
                  "second": lambda: bench_second(files, args.runs, env),
+                 "report": lambda: bench_report(files, args.runs, env),
                  "first_run": lambda: bench_first_run(files, args.runs, args.fresh_venv)}
         for name in SECTIONS:
             if name in sections:
