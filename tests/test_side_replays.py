@@ -70,6 +70,20 @@ def test_cancel_stops_and_reaps_the_child():
         s.result()
 
 
+@forks
+def test_a_with_block_that_fails_stops_the_child():
+    """The caller failed before taking the result (its main replay raised): the child is
+    stopped and reaped at the end of the block; a result taken inside it stays good."""
+    with pytest.raises(KeyError):
+        with side.Side(lambda here: time.sleep(60)) as s:
+            pid = s._pid
+            raise KeyError("the main replay failed")
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)   # already reaped: no such child
+    with side.Side(lambda here: here) as s:
+        assert s.result() is False
+
+
 def _timed_equal(a, b) -> None:
     for k in TIMED_FIELDS:
         assert np.array_equal(getattr(a, k), getattr(b, k), equal_nan=True), k

@@ -8,6 +8,7 @@ sessions), runs each policy's engine and collects per-request results and the su
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -190,21 +191,20 @@ def run_concurrent(trace: Trace, policies: list[str], options: SimOptions, mode:
 
         main = make_engine(settings, **inputs)   # (its modules imported before a side replay forks)
         sides = _side_replays(settings, replay) if cost is not None else {}
-        try:
-            result, line = replay(settings, f"replaying {mode.mode}", main)
-        except BaseException:
+        with ExitStack() as beside:   # (a side replay still running if this fails is stopped)
             for side in sides.values():
-                side.cancel()
-            raise
-        r = ConcurrentRun(policy, registry.engine(policy).family, mode.mode, settings, note, result, line.released)
-        if cost is not None:
-            from kvsim.drive.timed import timed_result
+                beside.enter_context(side)
+            result, line = replay(settings, f"replaying {mode.mode}", main)
+            r = ConcurrentRun(policy, registry.engine(policy).family, mode.mode, settings, note, result,
+                              line.released)
+            if cost is not None:
+                from kvsim.drive.timed import timed_result
 
-            r.timed = timed_result(result, line)
-            r.uncached = sides["uncached"].result()
-            if "untiered" in sides:    # --offload: TTFT with and without the tier
-                r.untiered = sides["untiered"].result()
-            r.cost = cost.describe()
+                r.timed = timed_result(result, line)
+                r.uncached = sides["uncached"].result()
+                if "untiered" in sides:    # --offload: TTFT with and without the tier
+                    r.untiered = sides["untiered"].result()
+                r.cost = cost.describe()
         r.elapsed_s = time.perf_counter() - t0
         runs[policy] = r
     return runs

@@ -45,7 +45,8 @@ def can_fork() -> bool:
 class Side(Generic[T]):
     """``fn(here)`` computed beside the caller: :meth:`result` returns its value (or raises
     its exception), from a child process when :func:`can_fork`, else by calling it then.
-    ``here`` is False in the child (which must not draw on the terminal)."""
+    ``here`` is False in the child (which must not draw on the terminal). Used in a ``with``
+    block, a child whose result was not taken (the caller failed) is stopped at its end."""
 
     def __init__(self, fn: Callable[[bool], T]) -> None:
         self._fn: Callable[[bool], T] | None = fn
@@ -104,6 +105,12 @@ class Side(Generic[T]):
             if idle >= STALL_S:
                 self.cancel()
                 return None
+
+    def __enter__(self) -> "Side[T]":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cancel()
 
     def cancel(self) -> None:
         """Stop the child, if one runs (the caller no longer needs the result)."""

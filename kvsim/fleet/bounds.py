@@ -72,8 +72,8 @@ def bounds(policy: str, trace, options: SimOptions, replica: np.ndarray, order: 
         for r in np.unique(of):
             out += _cached(policy, trace, work, order[of == r], opts)
         return out
-    per_replica = Side(routed)
-    return Bounds(_cached(policy, trace, work, order, opts), per_replica.result())
+    with Side(routed) as per_replica:
+        return Bounds(_cached(policy, trace, work, order, opts), per_replica.result())
 
 
 def rate(cached: np.ndarray, prompt: np.ndarray, counted: np.ndarray) -> float:

@@ -15,6 +15,7 @@ terminal view apply unchanged, plus the fleet's own figures.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -136,18 +137,14 @@ def run_fleet_concurrent(trace, policies: list[str], options: SimOptions, mode: 
         uncached = (Side(lambda here, s=without_prefix_caching(settings):
                          fleet_timed(*once(s, "without prefix caching" if here else None)[:2]))
                     if cost is not None else None)
-        try:
+        with uncached or nullcontext():   # (stopped if the main replay fails)
             result, line, router = once(settings, f"replaying {mode.mode}")
-        except BaseException:
+            r = FleetRun(policy, spec.family, mode.mode, settings, note, result, line.released, fleet=fleet,
+                         line=line, router=router)
             if uncached is not None:
-                uncached.cancel()
-            raise
-        r = FleetRun(policy, spec.family, mode.mode, settings, note, result, line.released, fleet=fleet, line=line,
-                     router=router)
-        if uncached is not None:
-            r.timed = fleet_timed(result, line)
-            r.uncached = uncached.result()
-            r.cost = cost.describe()
+                r.timed = fleet_timed(result, line)
+                r.uncached = uncached.result()
+                r.cost = cost.describe()
         if with_bounds:
             r.bounds = bounds(policy, trace, options, line.replica, np.asarray(line.order, np.int64))
         r.elapsed_s = time.perf_counter() - t0

@@ -567,11 +567,14 @@ class _Builder:
 
         todo, self._to_draw = self._to_draw, []
         figs = [fig for _, fig in todo]
-        theirs = figs[1::2]
-        side = Side(lambda here: [F.png_bytes(f) for f in theirs]) if len(theirs) > 1 else None
         pngs: list[bytes] = [b""] * len(figs)
-        pngs[0::2] = [F.png_bytes(f) for f in figs[0::2]]
-        pngs[1::2] = side.result() if side is not None else [F.png_bytes(f) for f in theirs]
+        if len(figs) < 4:   # (a child for one chart costs more than it saves)
+            pngs = [F.png_bytes(f) for f in figs]
+        else:
+            theirs = figs[1::2]
+            with Side(lambda here: [F.png_bytes(f) for f in theirs]) as side:
+                pngs[0::2] = [F.png_bytes(f) for f in figs[0::2]]
+                pngs[1::2] = side.result()
         for (chart, _), png in zip(todo, pngs):
             chart.png = png
 
