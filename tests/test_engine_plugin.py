@@ -93,26 +93,44 @@ def test_a_bad_plugin_is_one_line_and_exit_2(capsys):
         registry.load_plugin("just-a-name")
 
 
-def test_entry_points_register_engines(monkeypatch):
-    """A package naming its spec in the ``kvsim.engines`` entry points needs no option."""
-    from importlib import metadata
-
-    class EP:
-        name, value = "lfu", PLUGIN
-
-        def load(self):
-            return registry._import(PLUGIN.rpartition(":")[0]).LFUSpec
-
+def test_entry_points_register_engines(monkeypatch, tmp_path):
+    """A package naming its spec in the ``kvsim.engines`` entry points needs no option: an
+    installed distribution (its ``.dist-info`` folder on ``sys.path``) is found and loaded."""
+    (tmp_path / "kvsim_lfu_plugin.py").write_text((ROOT / "examples" / "engines" / "lfu.py").read_text())
+    info = tmp_path / "kvsim_lfu_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kvsim-lfu-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[kvsim.engines]\nlfu = kvsim_lfu_plugin:LFUSpec\n")
     saved = dict(registry._specs), registry._loaded
-    monkeypatch.setattr(metadata, "entry_points", lambda group: [EP()] if group == "kvsim.engines" else [])
     registry._specs.clear()
     registry._loaded = False
     try:
+        assert not registry._group_named(registry.ENTRY_POINT_GROUP)   # nothing installed declares it
+        assert registry.names() == ["apc", "radix"]
+        registry._specs.clear()
+        registry._loaded = False
+        monkeypatch.syspath_prepend(str(tmp_path))
+        assert registry._group_named(registry.ENTRY_POINT_GROUP)
         assert registry.names() == ["apc", "radix", "lfu"]
     finally:
         registry._specs.clear()
         registry._specs.update(saved[0])
         registry._loaded = saved[1]
+
+
+def test_simulate_reads_no_package_metadata_when_no_plugin_is_installed(tmp_path):
+    """importlib.metadata (10-20 ms to import and scan) is left out when no installed package
+    names the ``kvsim.engines`` group."""
+    log = tmp_path / "one.jsonl"
+    log.write_text('{"prompt_token_ids": [1, 2, 3], "output_token_ids": [4]}\n')
+    code = ("import sys\nfrom kvsim.cli import run\nrun(sys.argv[1:])\n"
+            "print('METADATA', 'importlib.metadata' in sys.modules)")
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code, "--no-trace-cache", "simulate", "--policy", "all", str(log)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "METADATA False" in out
 
 
 def test_serve_answers_as_simulate_replays(plugin, tmp_path, monkeypatch):

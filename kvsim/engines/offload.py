@@ -145,14 +145,14 @@ def _needs_gpu_pool(capacity: int | None, backend: str) -> None:
 
 def vllm_tier(options: Any, block_size: int, num_gpu_blocks: int | None):
     """The vLLM tier the options ask for (:class:`~kvsim.tiers.setup.VllmTier`), or None."""
+    tier = requested(options, "vllm")
+    if tier is None:
+        return None
     from kvsim.tiers.lmcache import LMCacheSettings
     from kvsim.tiers.setup import VllmTier
     from kvsim.tiers.vllm_connector import OffloadSettings
     from kvsim.tiers.vllm_offload import num_cpu_chunks
 
-    tier = requested(options, "vllm")
-    if tier is None:
-        return None
     backend = tier["offload"]
     _needs_gpu_pool(num_gpu_blocks, backend)
     per_token = _bytes_per_token(options)
@@ -226,11 +226,11 @@ def hicache_tier(options: Any, capacity: int | None, page_size: int):
     """SGLang's host cache the options ask for (:class:`~kvsim.tiers.hicache.HiCacheSettings`), or None:
     ``--hicache-ratio`` (2.0) x the device pool unless ``--offload-size`` / ``--hicache-size`` (GB of
     10^9 bytes) gives the size (offload.md §3.2)."""
-    from kvsim.tiers.hicache import WRITE_POLICIES, HiCacheSettings, host_pool_tokens
-
     tier = requested(options, "sglang")
     if tier is None:
         return None
+    from kvsim.tiers.hicache import WRITE_POLICIES, HiCacheSettings, host_pool_tokens
+
     _needs_gpu_pool(capacity, "hicache")
     if "offload_size" in tier and "hicache_size" in tier:
         raise ConfigError("give the host pool's size once: --offload-size or --hicache-size")

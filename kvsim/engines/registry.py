@@ -19,6 +19,7 @@ __all__ = ["IMPLEMENTATIONS", "engine", "engines", "load_plugin", "names", "reso
 
 BUILTIN = {"apc": "kvsim.engines.vllm.spec:APC", "radix": "kvsim.engines.sglang.spec:RADIX"}
 PLUGINS_ENV = "KVSIM_ENGINE_PLUGINS"
+ENTRY_POINT_GROUP = "kvsim.engines"
 _specs: dict[str, EngineSpec] = {}
 _loaded = False
 
@@ -79,9 +80,7 @@ def _ensure() -> None:
     _loaded = True
     for name, path in BUILTIN.items():
         _specs[name] = load(path)
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group="kvsim.engines"):
+    for ep in _entry_points(ENTRY_POINT_GROUP):
         try:
             obj = ep.load()
         except Exception as e:  # a broken plugin must not break kvsim
@@ -89,6 +88,50 @@ def _ensure() -> None:
         _register(obj() if isinstance(obj, type) else obj, ep.value)
     for path in filter(None, os.environ.get(PLUGINS_ENV, "").split(",")):
         load_plugin(path)
+
+
+def _entry_points(group: str) -> list:
+    """The installed entry points of ``group``. importlib.metadata takes 10-20 ms to import
+    and scan every installed package; when no package on ``sys.path`` names the group in its
+    ``entry_points.txt`` (:func:`_group_named`), there are none and it is not imported."""
+    if not _group_named(group):
+        return []
+    from importlib.metadata import entry_points
+
+    return list(entry_points(group=group))
+
+
+def _group_named(group: str) -> bool:
+    """Whether some distribution may declare ``group``: an ``entry_points.txt`` of a
+    ``*.dist-info`` / ``*.egg-info`` folder on ``sys.path`` holds ``[group]``; True too where
+    distributions may be found elsewhere (a zip on the path, a finder of its own on
+    ``sys.meta_path``), so that importlib.metadata decides."""
+    import sys
+    from importlib.machinery import PathFinder
+
+    header = f"[{group}]"
+    if any(f is not PathFinder and hasattr(f, "find_distributions") for f in sys.meta_path):
+        return True
+    for entry in sys.path:
+        folder = entry or "."
+        if not os.path.isdir(folder):
+            if os.path.exists(folder):
+                return True     # a zip or egg file: importlib.metadata reads those
+            continue
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            if not name.lower().endswith((".dist-info", ".egg-info")):
+                continue
+            try:
+                with open(os.path.join(folder, name, "entry_points.txt"), encoding="utf-8") as f:
+                    if header in f.read():
+                        return True
+            except OSError:     # no entry points, or an egg-info file
+                continue
+    return False
 
 
 def engines() -> list[EngineSpec]:
