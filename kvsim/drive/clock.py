@@ -148,6 +148,11 @@ def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> 
     ``progress(done)`` is called now and then with the number of requests finished or rejected.
     """
     n = len(releases.at)
+    compiled = _run_compiled(engine, releases, cost)
+    if compiled is not None:
+        if progress is not None:
+            progress(n)
+        return compiled
     result = engine.result
     pending, followers, gap = releases.queue()
     timed = cost is not None
@@ -233,6 +238,26 @@ def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> 
     if progress is not None:
         progress(n)
     return (step if timed else now), line
+
+
+def _run_compiled(engine, releases: Releases, cost) -> tuple[int, Timeline] | None:
+    """The engine's own compiled loop (``replay_compiled``), where it has one that models these
+    releases (logged, not closed-loop) and this clock (steps, or the roofline's step cost)."""
+    compiled = getattr(engine, "replay_compiled", None)
+    if compiled is None or releases.after is not None:
+        return None
+    constants = None
+    if cost is not None:
+        from kvsim.drive.step_cost import RooflineStepCost
+
+        if type(cost) is not RooflineStepCost:
+            return None
+        constants = cost._constants
+    done = compiled(releases.at, constants)
+    if done is None:
+        return None
+    clock, start, end, released, first, pre, dec = done
+    return clock, Timeline(start, end, released, first, pre, dec)
 
 
 def run_steps(engine: SteppedEngine, arrival_steps) -> int:
