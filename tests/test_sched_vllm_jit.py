@@ -172,6 +172,24 @@ def test_a_release_at_a_decode_runs_step_start(monkeypatch):
     assert_same(slow, fast)
 
 
+@pytest.mark.parametrize("clock", ["steps", "timed-heavy"])
+def test_a_replay_in_slices_reports_progress_and_equals_one_call(clock, monkeypatch):
+    """The kernel returns every ``SLICE_STEPS`` steps (the timeline grows, progress is heard) and
+    resumes where it stopped: the same results as the readable loop."""
+    seed, knobs, B, factor, extra = CASES[1]
+    w, settings = workload(seed, knobs, B, factor, extra, n=60)
+    slow = replay(w, settings, clock, True, monkeypatch)
+    monkeypatch.setattr(scheduler_jit, "SLICE_STEPS", 7)
+    heard = []
+    monkeypatch.setenv(scheduler_jit.ENV, "compiled")
+    engine = make_engine(settings, w.prompts, w.outputs)
+    cost = COSTS.get(clock)
+    releases = Releases.logged(w.arrival if cost is None else w.arrival * CLOCKS[clock])
+    steps, line = run(engine, releases, cost, progress=heard.append)
+    assert_same(slow, (engine, steps, line, None))
+    assert len(heard) > slow[1] // 7 // 2 and heard == sorted(heard) and heard[-1] == len(w.prompts)
+
+
 def test_step_seconds_are_the_roofline_floats_bit_for_bit():
     """The kernel's step time of a batch is ``RooflineStepCost.seconds``'s float, bit for bit."""
     cost = step_cost("llama-3-70b", "H200")

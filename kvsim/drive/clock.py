@@ -148,7 +148,7 @@ def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> 
     ``progress(done)`` is called now and then with the number of requests finished or rejected.
     """
     n = len(releases.at)
-    compiled = _run_compiled(engine, releases, cost)
+    compiled = _run_compiled(engine, releases, cost, progress)
     if compiled is not None:
         if progress is not None:
             progress(n)
@@ -240,7 +240,7 @@ def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> 
     return (step if timed else now), line
 
 
-def _run_compiled(engine, releases: Releases, cost) -> tuple[int, Timeline] | None:
+def _run_compiled(engine, releases: Releases, cost, progress=None) -> tuple[int, Timeline] | None:
     """The engine's own compiled loop (``replay_compiled``), where it has one that models these
     releases (logged, not closed-loop) and this clock (steps, or the roofline's step cost)."""
     compiled = getattr(engine, "replay_compiled", None)
@@ -253,7 +253,7 @@ def _run_compiled(engine, releases: Releases, cost) -> tuple[int, Timeline] | No
         if type(cost) is not RooflineStepCost:
             return None
         constants = cost._constants
-    done = compiled(releases.at, constants)
+    done = compiled(releases.at, constants, progress)
     if done is None:
         return None
     clock, start, end, released, first, pre, dec = done

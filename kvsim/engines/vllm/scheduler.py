@@ -487,7 +487,7 @@ class VllmEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_requests() or bool(self.queue)
 
-    def replay_compiled(self, at, constants=None):
+    def replay_compiled(self, at, constants=None, progress=None):
         """The whole replay in one compiled loop (:mod:`kvsim.engines.vllm.scheduler_jit`): releases
         ``at`` in steps, or in seconds with the roofline's ``constants``; None where that loop does
         not model this engine (the clock then runs this one)."""
@@ -495,7 +495,7 @@ class VllmEngine:
             return None
         from kvsim.engines.vllm import scheduler_jit
 
-        return scheduler_jit.replay(self, at, constants)
+        return scheduler_jit.replay(self, at, constants, progress)
 
     def load(self) -> tuple[int, int, float]:
         """What a router polls: waiting and running requests, and ``kv_cache_usage_perc``

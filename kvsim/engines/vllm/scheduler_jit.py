@@ -22,7 +22,6 @@ for block.
 """
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
@@ -41,15 +40,22 @@ WAITING, RUNNING, PREEMPTED, FINISHED = range(4)      # as kvsim.engines.vllm.sc
 # slots of the settings ``cfg``
 (C_B, C_SEQS, C_TOKENS, C_THRESHOLD, C_ASYNC, C_CHUNKED, C_FULL_ISL, C_MML, C_CACHING, C_WATERMARK,
  C_TO_HEAD, C_TIMED, NUM_CFG) = range(13)
-# slots of the loop's scalars ``sc``
-S_WHEAD, S_WLEN, S_NRUN, S_FSS, S_NFIN = range(5)
+# slots of the loop's scalars ``sc``, kept between the slices of a replay
+(S_WHEAD, S_WLEN, S_NRUN, S_FSS, S_NFIN, S_STEP, S_NEXT, S_QLEN, S_Q0, S_Q1, NUM_SCALARS) = range(11)
+#: steps a kernel call runs before it returns (a progress report; the timeline's room grows)
+SLICE_STEPS = 1 << 14
 # rows of the per-request results ``res`` (StepResult's columns)
 R_CACHED, R_FIRST, R_FINISH, R_OUTPUT, R_PREEMPT = range(5)
+
+#: every function here: compiled without reference counting (numba would otherwise count a
+#: reference to each array every call passes: more than a step's own work). They allocate
+#: nothing; the loop's state lives in arrays the caller passes.
+_step = njit(cache=True, _nrt=False)
 
 
 # -- the queues -----------------------------------------------------------------------------------
 
-@njit(cache=True)
+@_step
 def _wpush(wq, sc, r, front):
     """The waiting deque (a ring): ``append``, or ``appendleft`` with ``front``."""
     cap = len(wq)
@@ -61,7 +67,7 @@ def _wpush(wq, sc, r, front):
     sc[S_WLEN] += 1
 
 
-@njit(cache=True)
+@_step
 def _wpop(wq, sc):
     """``popleft``."""
     r = wq[sc[S_WHEAD]]
@@ -70,7 +76,7 @@ def _wpop(wq, sc):
     return r
 
 
-@njit(cache=True)
+@_step
 def _drop_finished(q, running, wq, sc):
     """Finished requests leave the running list and the waiting queue; the others keep their order."""
     k = 0
@@ -88,7 +94,7 @@ def _drop_finished(q, running, wq, sc):
     sc[S_WLEN] = k
 
 
-@njit(cache=True)
+@_step
 def _seconds(q, preq, pn, s, count, k):
     """``RooflineStepCost.seconds`` of plan ``s``'s batch: the same float operations in the same
     order (the pair sum holds integers and halves far below 2**52: exact in any order)."""
@@ -104,46 +110,207 @@ def _seconds(q, preq, pn, s, count, k):
     return max(flops / k[5], nbytes / k[6])
 
 
-@njit(cache=True)
-def _grow(a, size):
-    out = np.empty(2 * size, a.dtype)
-    out[:size] = a[:size]
-    return out
+# -- schedule() (§3) and update_from_output() (§4.1, §4.2) ----------------------------------------
+
+@_step
+def _schedule(pool, tbl, keys, q, cfg, hits, running, wq, skipped, preq, pn, pdec, psamp, sc, s):
+    """One ``schedule()`` into plan ``s``: its requests in scheduling order (``preq``), their new
+    tokens (``pn``), decode or not (``pdec``), sampling or not (``psamp``); returns how many."""
+    qnext, qprev, key, dnext, dprev, tkeys, theads, ref, st = pool
+    B, max_seqs, mml = cfg[C_B], cfg[C_SEQS], cfg[C_MML]
+    caching, to_head, lag = cfg[C_CACHING] != 0, cfg[C_TO_HEAD] != 0, cfg[C_ASYNC]
+    no_hits = hits[:0]
+    count, budget, preempted = 0, cfg[C_TOKENS], False
+    # the long-prefill cap applies only when another request could use the budget (§3.2)
+    threshold = cfg[C_THRESHOLD] if sc[S_NRUN] + sc[S_WLEN] > 1 else 0
+
+    # schedule() (a): running requests, in order (§3.2)
+    i = 0
+    while i < sc[S_NRUN] and budget > 0:
+        r = running[i]
+        computed, placeholders = q[r, F_COMP], q[r, F_PH]
+        # async: the in-flight step already reaches max_tokens, no extra step (§4.2)
+        if placeholders > 0 and computed + 2 - placeholders >= q[r, F_L] + q[r, F_M]:
+            i += 1
+            continue
+        m = q[r, F_NTOK] + placeholders - computed
+        if 0 < threshold < m:
+            m = threshold
+        if m > budget:
+            m = budget
+        if m > mml - computed - 1:
+            m = mml - computed - 1
+        if m <= 0:
+            i += 1
+            continue
+        ok = True
+        slots, ntok = min(computed + m, mml), q[r, F_NTOK]
+        # allocate_slots; its shortcut first: the blocks hold the new tokens, none fills
+        held = q[r, F_ALLOC] != 0 and q[r, F_NBLK] * B >= slots and (
+            not caching or min(slots, ntok) // B <= q[r, F_NCACHED])
+        while not held:
+            nb, nc = allocate(qnext, qprev, key, dnext, dprev, tkeys, theads, ref, st, tbl, q[r, F_OFF],
+                              keys, q[r, F_OFF], q[r, F_NBLK], q[r, F_NCACHED], q[r, F_ALLOC] != 0, ntok // B,
+                              slots, min(computed + m, ntok), no_hits, -1, 0, caching, B)
+            if nb >= 0:
+                q[r, F_NBLK], q[r, F_NCACHED], q[r, F_ALLOC] = nb, nc, 1
+                break
+            # the blocks do not fit: FCFS preempts the last running request (§3.4):
+            # its blocks freed, recomputed from scratch later, back to the queue's front
+            victim = running[sc[S_NRUN] - 1]
+            sc[S_NRUN] -= 1
+            if q[victim, F_ALLOC] != 0:
+                free(qnext, qprev, key, dnext, dprev, tkeys, theads, ref, st, tbl, q[victim, F_OFF],
+                     q[victim, F_NBLK], caching, to_head)
+                q[victim, F_NBLK] = q[victim, F_NCACHED] = q[victim, F_ALLOC] = 0
+            q[victim, F_STATUS] = PREEMPTED
+            q[victim, F_COMP] = 0
+            q[victim, F_STALE] = q[victim, F_INFL]
+            q[victim, F_PH] = 0
+            q[victim, F_NPRE] += 1
+            _wpush(wq, sc, victim, True)
+            preempted = True
+            if victim == r:     # it preempted itself: FCFS schedules no more running requests
+                ok = False
+                break
+        if not ok:
+            break
+        preq[s, count], pn[s, count], pdec[s, count] = r, m, q[r, F_CHUNK] == 0
+        count += 1
+        budget -= m
+        i += 1
+
+    # schedule() (b): waiting requests, only in a step that preempted nobody (§3.3)
+    if not preempted:
+        nskip = 0
+        while budget > 0 and sc[S_WLEN] > 0 and sc[S_NRUN] < max_seqs:
+            r = wq[sc[S_WHEAD]]
+            if q[r, F_STALE] > 0:
+                # async: its pre-preemption output is still in flight; it keeps its
+                # place but lets the requests behind it go first (§4.3)
+                skipped[nskip] = _wpop(wq, sc)
+                nskip += 1
+                continue
+            ntok, h = q[r, F_NTOK], 0
+            if q[r, F_READ] != 0:   # get_computed_blocks: at most num_tokens - 1 tokens (§3.3)
+                h = lookup(tkeys, theads, keys, q[r, F_OFF], rules.lookup_cap_blocks_jit(ntok, B), hits)
+            num_hits = h * B
+            if q[r, F_NPRE] <= 0:
+                q[r, F_PCACHED] = num_hits    # the first prefill's stats (§3.6)
+            # waiting_chunk: capped at the threshold, then the budget; unchunked, stop (§3.3)
+            m = ntok - num_hits
+            if 0 < threshold < m:
+                m = threshold
+            if cfg[C_CHUNKED] == 0 and m > budget:
+                break
+            m = min(m, budget)
+            # allocate_slots with the full-sequence gate and, when others run, the watermark
+            gate = min(ntok, mml) if cfg[C_FULL_ISL] != 0 else -1
+            reserve = cfg[C_WATERMARK] if sc[S_NRUN] > 0 else 0
+            nb, nc = allocate(qnext, qprev, key, dnext, dprev, tkeys, theads, ref, st, tbl, q[r, F_OFF], keys,
+                              q[r, F_OFF], q[r, F_NBLK], q[r, F_NCACHED], q[r, F_ALLOC] != 0, ntok // B,
+                              min(num_hits + m, mml), min(num_hits + m, ntok), hits[:h], gate, reserve,
+                              caching, B)
+            if nb < 0:
+                break       # head-of-line blocking: nobody behind it is tried (§3.3)
+            q[r, F_NBLK], q[r, F_NCACHED], q[r, F_ALLOC] = nb, nc, 1
+            _wpop(wq, sc)
+            running[sc[S_NRUN]] = r
+            sc[S_NRUN] += 1
+            q[r, F_STATUS] = RUNNING
+            q[r, F_COMP] = num_hits
+            preq[s, count], pn[s, count], pdec[s, count] = r, m, False
+            count += 1
+            budget -= m
+        for j in range(nskip - 1, -1, -1):
+            _wpush(wq, sc, skipped[j], True)
+
+    # _update_after_schedule (+ AsyncScheduler's placeholders): a request whose
+    # scheduled tokens reach what it knows samples the token after them (§2)
+    for j in range(count):
+        r, m = preq[s, j], pn[s, j]
+        q[r, F_COMP] += m
+        q[r, F_INFL] += m
+        chunk = q[r, F_COMP] < q[r, F_NTOK] + q[r, F_PH]
+        q[r, F_CHUNK] = 1 if chunk else 0
+        psamp[s, j] = not chunk
+        if not chunk:
+            q[r, F_PH] += lag
+    sc[S_FSS] = 0
+    return count
 
 
-# -- the loop ---------------------------------------------------------------------------------------
-# One function: numba counts references to every array a call passes, which would cost more
-# than a step's own work; the manager's kernels are called only when blocks change hands.
+@_step
+def _update_from_output(pool, tbl, keys, q, cfg, res, finished, running, wq, preq, pn, psamp, pcount, pstep, sc, s):
+    """Plan ``s``'s output: tokens appended, blocks cached (async), requests finished and freed."""
+    qnext, qprev, key, dnext, dprev, tkeys, theads, ref, st = pool
+    B, mml, caching, to_head = cfg[C_B], cfg[C_MML], cfg[C_CACHING] != 0, cfg[C_TO_HEAD] != 0
+    stopped = False
+    for j in range(pcount[s]):
+        r, m = preq[s, j], pn[s, j]
+        q[r, F_INFL] -= m
+        stale = q[r, F_STALE] > 0
+        if stale:
+            q[r, F_STALE] -= m
+        status_before = q[r, F_STATUS]
+        if status_before == FINISHED or not psamp[s, j]:
+            continue                    # mid-prefill: no output, no event
+        had_placeholders = q[r, F_PH] > 0
+        q[r, F_NTOK] += 1               # the sampled token (its block's key is known already)
+        q[r, F_NOUT] += 1
+        done = q[r, F_NOUT] >= q[r, F_M] or q[r, F_NTOK] >= mml
+        if had_placeholders and not stale:
+            q[r, F_PH] -= 1
+            if status_before == RUNNING:
+                # async: blocks whose tokens are now all known get cached (§4.2)
+                upto = q[r, F_COMP] - q[r, F_INFL]
+                if min(upto, q[r, F_NTOK]) // B > q[r, F_NCACHED]:
+                    q[r, F_NCACHED] = cache_full(key, dnext, dprev, tkeys, theads, st, tbl, q[r, F_OFF], keys,
+                                                 q[r, F_OFF], q[r, F_NCACHED], q[r, F_NTOK] // B, upto, B)
+        if q[r, F_OPEN] != 0:           # the request's first output
+            q[r, F_OPEN] = 0
+            res[R_CACHED, r] = q[r, F_PCACHED]
+            res[R_FIRST, r] = pstep[s]
+        if done:
+            q[r, F_STATUS] = FINISHED
+            sc[S_FSS] = 1
+            if q[r, F_ALLOC] != 0:
+                free(qnext, qprev, key, dnext, dprev, tkeys, theads, ref, st, tbl, q[r, F_OFF], q[r, F_NBLK],
+                     caching, to_head)
+                q[r, F_NBLK] = q[r, F_NCACHED] = q[r, F_ALLOC] = 0
+            res[R_FINISH, r] = pstep[s]
+            res[R_OUTPUT, r] = q[r, F_NOUT]
+            res[R_PREEMPT, r] = q[r, F_NPRE]
+            finished[sc[S_NFIN]] = r
+            sc[S_NFIN] += 1
+            stopped = True
+    if stopped:
+        _drop_finished(q, running, wq, sc)
 
-@njit(cache=True)
-def run_replay(pool, tbl, keys, q, cfg, k, at, order, rejected, hits, res, finished, released, first, pre, dec):
-    """Release, schedule and process outputs until every request is released and finished.
+
+# -- the clock and the engine loop (kvsim.drive.clock.run, VllmEngine.step) ----------------------
+
+@_step
+def run_replay(pool, tbl, keys, q, cfg, k, at, order, rejected, hits, res, finished, released, first, pre, dec,
+               running, wq, skipped, preq, pn, pdec, psamp, pcount, pstep, sc, clock, start, end, until):
+    """Release, schedule and process outputs until every request is released and finished
+    (True), or until ``until`` steps are taken (False: call again to go on).
 
     ``at[order]`` are the releases in (time, log) order; with ``cfg[C_TIMED]`` the clock is in
-    seconds and each step lasts ``_seconds`` of its batch (``k``: the roofline's constants),
-    else it is the step number (jumps included). Returns (the clock at the end, steps taken,
-    step start and end times)."""
-    qnext, qprev, key, dnext, dprev, tkeys, theads, ref, st = pool
-    B, max_seqs, max_tokens, mml = cfg[C_B], cfg[C_SEQS], cfg[C_TOKENS], cfg[C_MML]
-    caching, to_head, lag, timed = cfg[C_CACHING] != 0, cfg[C_TO_HEAD] != 0, cfg[C_ASYNC], cfg[C_TIMED] != 0
+    seconds, each step lasts ``_seconds`` of its batch (``k``: the roofline's constants) and
+    ``start`` / ``end`` get its times, else the clock is the step number (jumps included).
+    The batch queue (async, §4.2) holds two plans, ``sc[S_Q0]`` the oldest; a plan is its
+    requests, their new tokens, decode or not, sampling or not (``_schedule``), its size
+    (``pcount``) and its step (``pstep``)."""
+    lag, timed = cfg[C_ASYNC], cfg[C_TIMED] != 0
     n = len(at)
-    running, wq, skipped = np.empty(max(n, 1), np.int64), np.empty(max(n, 1), np.int64), np.empty(max(n, 1), np.int64)
-    sc = np.zeros(5, np.int64)
-    no_hits = hits[:0]
-    # the batch queue: two plans (async, §4.2), qslot[0] the oldest; a plan is its requests in
-    # scheduling order, their new tokens, decode or not, sampling or not, and its step
-    P = max(1, min(max_seqs, n))
-    preq, pn = np.empty((2, P), np.int64), np.empty((2, P), np.int64)
-    pdec, psamp = np.empty((2, P), np.bool_), np.empty((2, P), np.bool_)
-    pcount, pstep, qslot = np.zeros(2, np.int64), np.zeros(2, np.int64), np.zeros(2, np.int64)
-    qlen = 0
-    size = 1024
-    start, end = np.empty(size, np.float64), np.empty(size, np.float64)
-    now, step, p = 0.0, 0, 0
-    while True:
+    now, step, p, qlen = clock[0], sc[S_STEP], sc[S_NEXT], sc[S_QLEN]
+    over = False                        # every request released and finished
+    while step < until:
         # -- the clock (kvsim.drive.clock.run): an idle engine jumps to the next release
         if sc[S_NRUN] == 0 and sc[S_WLEN] == 0 and sc[S_FSS] == 0 and qlen == 0:
             if p == n:
+                over = True
                 break
             now = max(now, at[order[p]])
         while p < n and at[order[p]] <= now:
@@ -156,124 +323,8 @@ def run_replay(pool, tbl, keys, q, cfg, k, at, order, rejected, hits, res, finis
         # -- VllmEngine.step: schedule, then (sync, or with two plans queued) the oldest output
         took, seconds, process = False, 0.0, -1
         if sc[S_NRUN] > 0 or sc[S_WLEN] > 0 or sc[S_FSS] != 0:
-            s = 0 if qlen == 0 else 1 - qslot[0]
-            count, budget, preempted = 0, max_tokens, False
-            # the long-prefill cap applies only when another request could use the budget (§3.2)
-            threshold = cfg[C_THRESHOLD] if sc[S_NRUN] + sc[S_WLEN] > 1 else 0
-
-            # schedule() (a): running requests, in order (§3.2)
-            i = 0
-            while i < sc[S_NRUN] and budget > 0:
-                r = running[i]
-                computed, placeholders = q[r, F_COMP], q[r, F_PH]
-                # async: the in-flight step already reaches max_tokens, no extra step (§4.2)
-                if placeholders > 0 and computed + 2 - placeholders >= q[r, F_L] + q[r, F_M]:
-                    i += 1
-                    continue
-                m = q[r, F_NTOK] + placeholders - computed
-                if 0 < threshold < m:
-                    m = threshold
-                if m > budget:
-                    m = budget
-                if m > mml - computed - 1:
-                    m = mml - computed - 1
-                if m <= 0:
-                    i += 1
-                    continue
-                ok = True
-                slots, ntok = min(computed + m, mml), q[r, F_NTOK]
-                # allocate_slots; its shortcut first: the blocks hold the new tokens, none fills
-                held = q[r, F_ALLOC] != 0 and q[r, F_NBLK] * B >= slots and (
-                    not caching or min(slots, ntok) // B <= q[r, F_NCACHED])
-                while not held:
-                    nb, nc = allocate(qnext, qprev, key, dnext, dprev, tkeys, theads, ref, st, tbl, q[r, F_OFF],
-                                      keys, q[r, F_OFF], q[r, F_NBLK], q[r, F_NCACHED], q[r, F_ALLOC] != 0, ntok // B,
-                                      slots, min(computed + m, ntok), no_hits, -1, 0, caching, B)
-                    if nb >= 0:
-                        q[r, F_NBLK], q[r, F_NCACHED], q[r, F_ALLOC] = nb, nc, 1
-                        break
-                    # the blocks do not fit: FCFS preempts the last running request (§3.4):
-                    # its blocks freed, recomputed from scratch later, back to the queue's front
-                    victim = running[sc[S_NRUN] - 1]
-                    sc[S_NRUN] -= 1
-                    if q[victim, F_ALLOC] != 0:
-                        free(qnext, qprev, key, dnext, dprev, tkeys, theads, ref, st, tbl, q[victim, F_OFF],
-                             q[victim, F_NBLK], caching, to_head)
-                        q[victim, F_NBLK] = q[victim, F_NCACHED] = q[victim, F_ALLOC] = 0
-                    q[victim, F_STATUS] = PREEMPTED
-                    q[victim, F_COMP] = 0
-                    q[victim, F_STALE] = q[victim, F_INFL]
-                    q[victim, F_PH] = 0
-                    q[victim, F_NPRE] += 1
-                    _wpush(wq, sc, victim, True)
-                    preempted = True
-                    if victim == r:     # it preempted itself: FCFS schedules no more running requests
-                        ok = False
-                        break
-                if not ok:
-                    break
-                preq[s, count], pn[s, count], pdec[s, count] = r, m, q[r, F_CHUNK] == 0
-                count += 1
-                budget -= m
-                i += 1
-
-            # schedule() (b): waiting requests, only in a step that preempted nobody (§3.3)
-            if not preempted:
-                nskip = 0
-                while budget > 0 and sc[S_WLEN] > 0 and sc[S_NRUN] < max_seqs:
-                    r = wq[sc[S_WHEAD]]
-                    if q[r, F_STALE] > 0:
-                        # async: its pre-preemption output is still in flight; it keeps its
-                        # place but lets the requests behind it go first (§4.3)
-                        skipped[nskip] = _wpop(wq, sc)
-                        nskip += 1
-                        continue
-                    ntok, h = q[r, F_NTOK], 0
-                    if q[r, F_READ] != 0:   # get_computed_blocks: at most num_tokens - 1 tokens (§3.3)
-                        h = lookup(tkeys, theads, keys, q[r, F_OFF], rules.lookup_cap_blocks_jit(ntok, B), hits)
-                    num_hits = h * B
-                    if q[r, F_NPRE] <= 0:
-                        q[r, F_PCACHED] = num_hits    # the first prefill's stats (§3.6)
-                    # waiting_chunk: capped at the threshold, then the budget; unchunked, stop (§3.3)
-                    m = ntok - num_hits
-                    if 0 < threshold < m:
-                        m = threshold
-                    if cfg[C_CHUNKED] == 0 and m > budget:
-                        break
-                    m = min(m, budget)
-                    # allocate_slots with the full-sequence gate and, when others run, the watermark
-                    gate = min(ntok, mml) if cfg[C_FULL_ISL] != 0 else -1
-                    reserve = cfg[C_WATERMARK] if sc[S_NRUN] > 0 else 0
-                    nb, nc = allocate(qnext, qprev, key, dnext, dprev, tkeys, theads, ref, st, tbl, q[r, F_OFF], keys,
-                                      q[r, F_OFF], q[r, F_NBLK], q[r, F_NCACHED], q[r, F_ALLOC] != 0, ntok // B,
-                                      min(num_hits + m, mml), min(num_hits + m, ntok), hits[:h], gate, reserve,
-                                      caching, B)
-                    if nb < 0:
-                        break       # head-of-line blocking: nobody behind it is tried (§3.3)
-                    q[r, F_NBLK], q[r, F_NCACHED], q[r, F_ALLOC] = nb, nc, 1
-                    _wpop(wq, sc)
-                    running[sc[S_NRUN]] = r
-                    sc[S_NRUN] += 1
-                    q[r, F_STATUS] = RUNNING
-                    q[r, F_COMP] = num_hits
-                    preq[s, count], pn[s, count], pdec[s, count] = r, m, False
-                    count += 1
-                    budget -= m
-                for j in range(nskip - 1, -1, -1):
-                    _wpush(wq, sc, skipped[j], True)
-
-            # _update_after_schedule (+ AsyncScheduler's placeholders): a request whose
-            # scheduled tokens reach what it knows samples the token after them (§2)
-            for j in range(count):
-                r, m = preq[s, j], pn[s, j]
-                q[r, F_COMP] += m
-                q[r, F_INFL] += m
-                chunk = q[r, F_COMP] < q[r, F_NTOK] + q[r, F_PH]
-                q[r, F_CHUNK] = 1 if chunk else 0
-                psamp[s, j] = not chunk
-                if not chunk:
-                    q[r, F_PH] += lag
-            sc[S_FSS] = 0
+            s = 0 if qlen == 0 else 1 - sc[S_Q0]
+            count = _schedule(pool, tbl, keys, q, cfg, hits, running, wq, skipped, preq, pn, pdec, psamp, sc, s)
             pcount[s], pstep[s] = count, step if timed else np.int64(now)
             if count > 0 and timed:     # the clock's on_batch
                 seconds = _seconds(q, preq, pn, s, count, k)
@@ -289,73 +340,31 @@ def run_replay(pool, tbl, keys, q, cfg, k, at, order, rejected, hits, res, finis
             if lag == 0:
                 process = s
             else:
-                qslot[qlen] = s
+                sc[S_Q0 + qlen] = s
                 qlen += 1
                 if qlen == 2 or not (count > 0 or sc[S_NRUN] > 0 or sc[S_WLEN] > 0):
                     process = -2
         elif qlen > 0:
             process = -2
         if process == -2:               # the oldest plan of the queue
-            process = qslot[0]
-            qslot[0] = qslot[1]
+            process = sc[S_Q0]
+            sc[S_Q0] = sc[S_Q1]
             qlen -= 1
 
-        # -- update_from_output(): tokens appended, blocks cached (async), requests finished (§4.1)
         if process >= 0:
-            s, stopped = process, False
-            for j in range(pcount[s]):
-                r, m = preq[s, j], pn[s, j]
-                q[r, F_INFL] -= m
-                stale = q[r, F_STALE] > 0
-                if stale:
-                    q[r, F_STALE] -= m
-                status_before = q[r, F_STATUS]
-                if status_before == FINISHED or not psamp[s, j]:
-                    continue                    # mid-prefill: no output, no event
-                had_placeholders = q[r, F_PH] > 0
-                q[r, F_NTOK] += 1               # the sampled token (its block's key is known already)
-                q[r, F_NOUT] += 1
-                done = q[r, F_NOUT] >= q[r, F_M] or q[r, F_NTOK] >= mml
-                if had_placeholders and not stale:
-                    q[r, F_PH] -= 1
-                    if status_before == RUNNING:
-                        # async: blocks whose tokens are now all known get cached (§4.2)
-                        upto = q[r, F_COMP] - q[r, F_INFL]
-                        if min(upto, q[r, F_NTOK]) // B > q[r, F_NCACHED]:
-                            q[r, F_NCACHED] = cache_full(key, dnext, dprev, tkeys, theads, st, tbl, q[r, F_OFF], keys,
-                                                         q[r, F_OFF], q[r, F_NCACHED], q[r, F_NTOK] // B, upto, B)
-                if q[r, F_OPEN] != 0:           # the request's first output
-                    q[r, F_OPEN] = 0
-                    res[R_CACHED, r] = q[r, F_PCACHED]
-                    res[R_FIRST, r] = pstep[s]
-                if done:
-                    q[r, F_STATUS] = FINISHED
-                    sc[S_FSS] = 1
-                    if q[r, F_ALLOC] != 0:
-                        free(qnext, qprev, key, dnext, dprev, tkeys, theads, ref, st, tbl, q[r, F_OFF], q[r, F_NBLK],
-                             caching, to_head)
-                        q[r, F_NBLK] = q[r, F_NCACHED] = q[r, F_ALLOC] = 0
-                    res[R_FINISH, r] = pstep[s]
-                    res[R_OUTPUT, r] = q[r, F_NOUT]
-                    res[R_PREEMPT, r] = q[r, F_NPRE]
-                    finished[sc[S_NFIN]] = r
-                    sc[S_NFIN] += 1
-                    stopped = True
-            if stopped:
-                _drop_finished(q, running, wq, sc)
+            _update_from_output(pool, tbl, keys, q, cfg, res, finished, running, wq, preq, pn, psamp, pcount, pstep,
+                                sc, process)
 
         if took:
             if timed:
-                if step == size:
-                    start, end = _grow(start, size), _grow(end, size)
-                    size *= 2
                 start[step] = now
                 now += seconds
                 end[step] = now
             else:
                 now += 1
             step += 1
-    return now, step, start[:step], end[:step]
+    clock[0], sc[S_STEP], sc[S_NEXT], sc[S_QLEN] = now, step, p, qlen
+    return over
 
 
 # -- the entry point ------------------------------------------------------------------------------
@@ -386,11 +395,12 @@ def eligible(engine, at: np.ndarray, constants) -> bool:
     return at.dtype.kind == "f" and bool(np.isfinite(at).all()) and len(constants) == 7
 
 
-def replay(engine, at, constants=None):
+def replay(engine, at, constants=None, progress=None):
     """Run ``engine``'s whole replay compiled, releases ``at`` (step numbers, or seconds with the
     roofline ``constants``): (the clock at the end, steps, step starts, step ends, released,
     first scheduled, prefill tokens, decode tokens), the engine's result filled in; None when
-    :func:`eligible` says no (nothing changed then)."""
+    :func:`eligible` says no (nothing changed then). ``progress(done)`` hears the requests
+    finished or rejected after each slice of :data:`SLICE_STEPS` steps."""
     if not eligible(engine, at, constants):
         return None
     s, cache, result = engine.settings, engine.scheduler.cache, engine.result
@@ -427,12 +437,24 @@ def replay(engine, at, constants=None):
     res = np.full((5, n), -1, np.int64)
     res[R_OUTPUT] = res[R_PREEMPT] = 0
     finished = np.zeros(n, np.int64)
-    released = np.full(n, np.nan)
-    first = np.full(n, np.nan)
+    released, first = np.full(n, np.nan), np.full(n, np.nan)
     pre, dec = np.zeros(n, np.int64), np.zeros(n, np.int64)
-    clock, steps, start, end = run_replay(cache.pool.arrays, cache.tbl, cache.keys, q, cfg, k,
-                                          at.astype(np.float64), order, rejected, np.zeros(most, np.int32), res,
-                                          finished, released, first, pre, dec)
+    P = max(1, min(s.max_num_seqs, n))
+    loop = (np.zeros(max(n, 1), np.int64), np.zeros(max(n, 1), np.int64), np.zeros(max(n, 1), np.int64),
+            np.zeros((2, P), np.int64), np.zeros((2, P), np.int64), np.zeros((2, P), np.bool_),
+            np.zeros((2, P), np.bool_), np.zeros(2, np.int64), np.zeros(2, np.int64), np.zeros(NUM_SCALARS, np.int64),
+            np.zeros(1))
+    timed = constants is not None
+    start, end = np.zeros(SLICE_STEPS if timed else 0), np.zeros(SLICE_STEPS if timed else 0)
+    args = (cache.pool.arrays, cache.tbl, cache.keys, q, cfg, k, at.astype(np.float64), order, rejected,
+            np.zeros(most, np.int32), res, finished, released, first, pre, dec, *loop)
+    sc, clock = loop[-2], loop[-1]
+    skipped = int(rejected.sum())
+    while not run_replay(*args, start, end, sc[S_STEP] + SLICE_STEPS):
+        if progress is not None:
+            progress(int(sc[S_NFIN]) + skipped)
+        if timed and len(start) < sc[S_STEP] + SLICE_STEPS:     # room for the next slice
+            start, end = (np.concatenate([a, np.zeros(len(a))]) for a in (start, end))
     for _, seq in seqs:
         seq.num_blocks = seq.num_cached = 0
         seq.allocated = False
@@ -441,7 +463,8 @@ def replay(engine, at, constants=None):
     result.cached_tokens[:], result.first_token_step[:], result.finish_step[:] = res[R_CACHED], res[R_FIRST], \
         res[R_FINISH]
     result.output_tokens[:], result.preemptions[:] = res[R_OUTPUT], res[R_PREEMPT]
-    result.finished = finished[:len(seqs)].tolist()
-    if constants is None:
-        return int(clock), [], [], released.astype(np.int64), None, None, None
-    return steps, start.tolist(), end.tolist(), released, first, pre, dec
+    result.finished = finished[:sc[S_NFIN]].tolist()
+    steps = int(sc[S_STEP])
+    if not timed:
+        return int(clock[0]), [], [], released.astype(np.int64), None, None, None
+    return steps, start[:steps].tolist(), end[:steps].tolist(), released, first, pre, dec
