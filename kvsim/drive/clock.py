@@ -29,7 +29,10 @@ class SteppedEngine(Protocol):
     result: object     # a StepResult: rejected, first_token_step, finish_step, finished
     on_batch: object   # on_batch(step, requests, new tokens, context tokens, decode?) or None
     # optional: fast_forward(step, horizon) takes a run of decode-only steps at once; on the
-    # timed clock it asks on_decode_run(steps, requests, context) how many to take
+    # timed clock it asks on_decode_run(steps, requests, context) how many to take;
+    # replay_compiled(at, roofline constants or None, progress) runs the whole replay in a
+    # compiled loop and returns (clock, step starts, step ends, released, first scheduled,
+    # prefill tokens, decode tokens), or None where that loop does not model the engine
 
     def add(self, index: int) -> None:
         """Hand request ``index`` to the engine (it may reject it)."""
@@ -146,6 +149,8 @@ def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> 
     numbered 0, 1, 2, ...; without, the clock is the step number itself, jumps included.
     Returns the clock at the end (steps) or the number of steps (timed), and the timeline.
     ``progress(done)`` is called now and then with the number of requests finished or rejected.
+    An engine whose own compiled loop models these releases and this clock runs the whole
+    replay there, with the same results (vLLM's: docs/engines/vllm-scheduler.md §4.6).
     """
     n = len(releases.at)
     compiled = _run_compiled(engine, releases, cost, progress)

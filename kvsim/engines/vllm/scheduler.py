@@ -491,8 +491,8 @@ class VllmEngine:
         """The whole replay in one compiled loop (:mod:`kvsim.engines.vllm.scheduler_jit`): releases
         ``at`` in steps, or in seconds with the roofline's ``constants``; None where that loop does
         not model this engine (the clock then runs this one)."""
-        if self.settings.implementation != "fast":
-            return None
+        if type(self) is not VllmEngine or self.settings.implementation != "fast":
+            return None     # (a KV connector's engine, the reference manager: no numba to load)
         from kvsim.engines.vllm import scheduler_jit
 
         return scheduler_jit.replay(self, at, constants, progress)

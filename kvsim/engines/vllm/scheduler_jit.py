@@ -12,7 +12,8 @@ What it differs in: it runs every step one by one (the readable loop takes decod
 stretches at once, §4.4: the same pool operations and step times by contract), and it keys
 every request's blocks before the first step, prompt and logged outputs (the readable
 manager keys them at arrival; the fake model samples exactly the logged outputs, so the keys
-are the same). :func:`replay` takes an engine whose configuration it covers and returns None
+are the same; exact sha256 digests are numbered in another order, which only their equality
+reads), holding them in the manager's arenas for the whole replay. :func:`replay` takes an engine whose configuration it covers and returns None
 for any other, which the clock then runs readably: the FCFS policy, exactly
 :class:`~kvsim.engines.vllm.scheduler.VllmSchedSettings` over the compiled manager, logged
 (open-loop) releases, the step clock or the roofline step cost. ``KVSIM_VLLM_SCHEDULER=readable``
