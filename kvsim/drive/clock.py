@@ -29,7 +29,10 @@ class SteppedEngine(Protocol):
     result: object     # a StepResult: rejected, first_token_step, finish_step, finished
     on_batch: object   # on_batch(step, requests, new tokens, context tokens, decode?) or None
     # optional: fast_forward(step, horizon) takes a run of decode-only steps at once; on the
-    # timed clock it asks on_decode_run(steps, requests, context) how many to take
+    # timed clock it asks on_decode_run(steps, requests, context) how many to take;
+    # replay_compiled(at, roofline constants or None, progress) runs the whole replay in a
+    # compiled loop and returns (clock, step starts, step ends, released, first scheduled,
+    # prefill tokens, decode tokens), or None where that loop does not model the engine
 
     def add(self, index: int) -> None:
         """Hand request ``index`` to the engine (it may reject it)."""
@@ -146,8 +149,15 @@ def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> 
     numbered 0, 1, 2, ...; without, the clock is the step number itself, jumps included.
     Returns the clock at the end (steps) or the number of steps (timed), and the timeline.
     ``progress(done)`` is called now and then with the number of requests finished or rejected.
+    An engine whose own compiled loop models these releases and this clock runs the whole
+    replay there, with the same results (vLLM's: docs/engines/vllm-scheduler.md §4.6).
     """
     n = len(releases.at)
+    compiled = _run_compiled(engine, releases, cost, progress)
+    if compiled is not None:
+        if progress is not None:
+            progress(n)
+        return compiled
     result = engine.result
     pending, followers, gap = releases.queue()
     timed = cost is not None
@@ -233,6 +243,26 @@ def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> 
     if progress is not None:
         progress(n)
     return (step if timed else now), line
+
+
+def _run_compiled(engine, releases: Releases, cost, progress=None) -> tuple[int, Timeline] | None:
+    """The engine's own compiled loop (``replay_compiled``), where it has one that models these
+    releases (logged, not closed-loop) and this clock (steps, or the roofline's step cost)."""
+    compiled = getattr(engine, "replay_compiled", None)
+    if compiled is None or releases.after is not None:
+        return None
+    constants = None
+    if cost is not None:
+        from kvsim.drive.step_cost import RooflineStepCost
+
+        if type(cost) is not RooflineStepCost:
+            return None
+        constants = cost._constants
+    done = compiled(releases.at, constants, progress)
+    if done is None:
+        return None
+    clock, start, end, released, first, pre, dec = done
+    return clock, Timeline(start, end, released, first, pre, dec)
 
 
 def run_steps(engine: SteppedEngine, arrival_steps) -> int:

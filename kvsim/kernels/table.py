@@ -32,7 +32,7 @@ def probe(keys, key):
         s = (s + np.uint64(1)) & mask
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, _nrt=False)   # no reference counting: called once per key by callers' loops
 def delete(keys, vals, s):
     """Empty slot ``s``, moving later entries of its probe run back into the gap."""
     mask = np.uint64(len(keys) - 1)

@@ -31,6 +31,9 @@ from kvsim.engines.vllm.settings import PROFILES
 from kvsim.kernels.table import delete, grow_table, new_table, probe, table_size
 
 _EMPTY = -1
+#: the pool's one-block steps: compiled without reference counting, which numba would otherwise
+#: do for every array each call passes (most of a replay's time; they take no new arrays)
+_pool_step = njit(cache=True, _nrt=False)
 # slots of the pool's scalar array ``st``
 ST_FREE, ST_EMPTY, ST_PEAK_USED, ST_EVICTED, ST_KEYS = 0, 1, 2, 3, 4
 
@@ -111,14 +114,14 @@ class PoolArrays:
 
 # -- the cache map ---------------------------------------------------------------------------
 
-@njit(cache=True, inline="always")
+@_pool_step
 def _get(tkeys, theads, key):
     """The earliest block cached under ``key``, or -1."""
     s = probe(tkeys, key)
     return theads[s] if tkeys[s] == key else _EMPTY
 
 
-@njit(cache=True, inline="always")
+@_pool_step
 def _register(key, dnext, dprev, tkeys, theads, st, k, b):
     """Register block b under key k, after any blocks already there (no de-duplication)."""
     key[b] = k
@@ -138,7 +141,7 @@ def _register(key, dnext, dprev, tkeys, theads, st, k, b):
     st[ST_KEYS] += 1
 
 
-@njit(cache=True, inline="always")
+@_pool_step
 def _unregister(key, dnext, dprev, tkeys, theads, st, b):
     """Drop block b's hash (``_maybe_evict_cached_block``); the key stays while other blocks hold it."""
     k = key[b]
@@ -165,14 +168,14 @@ def _unregister(key, dnext, dprev, tkeys, theads, st, b):
 
 # -- the free queue --------------------------------------------------------------------------
 
-@njit(cache=True, inline="always")
+@_pool_step
 def _unlink(qnext, qprev, b):
     p, n = qprev[b], qnext[b]
     qnext[p] = n
     qprev[n] = p
 
 
-@njit(cache=True, inline="always")
+@_pool_step
 def _link_after(qnext, qprev, p, b):
     n = qnext[p]
     qnext[p] = b
@@ -181,7 +184,7 @@ def _link_after(qnext, qprev, p, b):
     qprev[n] = b
 
 
-@njit(cache=True, inline="always")
+@_pool_step
 def _pop_new(qnext, qprev, key, dnext, dprev, tkeys, theads, ref, st):
     """``get_new_blocks(1)``: the queue head; a cached block loses its hash now (§3.3)."""
     b = qnext[len(qnext) - 2]
@@ -195,7 +198,7 @@ def _pop_new(qnext, qprev, key, dnext, dprev, tkeys, theads, ref, st):
     return b
 
 
-@njit(cache=True, inline="always")
+@_pool_step
 def _note_peak(key, st):
     used = len(key) - 1 - st[ST_EMPTY]
     if used > st[ST_PEAK_USED]:

@@ -487,6 +487,16 @@ class VllmEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_requests() or bool(self.queue)
 
+    def replay_compiled(self, at, constants=None, progress=None):
+        """The whole replay in one compiled loop (:mod:`kvsim.engines.vllm.scheduler_jit`): releases
+        ``at`` in steps, or in seconds with the roofline's ``constants``; None where that loop does
+        not model this engine (the clock then runs this one)."""
+        if type(self) is not VllmEngine or self.settings.implementation != "fast":
+            return None     # (a KV connector's engine, the reference manager: no numba to load)
+        from kvsim.engines.vllm import scheduler_jit
+
+        return scheduler_jit.replay(self, at, constants, progress)
+
     def load(self) -> tuple[int, int, float]:
         """What a router polls: waiting and running requests, and ``kv_cache_usage_perc``
         (1 - free / usable blocks, docs/engines/apc.md §5.2)."""
