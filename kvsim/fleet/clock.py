@@ -22,6 +22,11 @@ loop advances them:
    request's first token, ``finished`` at its end (a rejected request at once), and, for
    routers fed by engine events, the replica's KV events.
 
+Where every replica is one vLLM's compiled loop models, the releases are logged, the clock is
+steps or the roofline and the router needs no raw KV events, the same turns run compiled
+(:func:`_run_compiled`: each replica alone up to the next arrival, its turns' events then
+delivered in this loop's order), with the same results (``tests/test_fleet_jit.py``).
+
 With one replica the turns are exactly those of :func:`kvsim.drive.clock.run`, so the
 results are the single engine's, request for request (``tests/test_fleet_driver.py``).
 The router's clock is in seconds: the timed clock itself, or ``step x --step-seconds``

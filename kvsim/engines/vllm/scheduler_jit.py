@@ -582,7 +582,8 @@ class FleetReplica:
         sc = self.sc
         need = 3 * (int(sc[S_NREL]) - int(sc[S_NFIN])) + 3     # at most: taken, first token, finished
         if len(self.log) < need:
-            self.log, self.tlog = np.zeros((max(need, 2 * len(self.log)), 3), np.int64), np.zeros(max(need, 2 * len(self.log)))
+            room = max(need, 2 * len(self.log))
+            self.log, self.tlog = np.zeros((room, 3), np.int64), np.zeros(room)
         sc[S_NEV] = 0
         cache = self.cache
         while True:
