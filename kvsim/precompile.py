@@ -69,7 +69,10 @@ RECIPES: dict[str, list[list[str]]] = {
                "prefix_hash", TOKENS],
               # Dynamo's index read from the compiled pools (the pools' keys of each routed prompt)
               [*_SIM, *_TIMED, "--policy", "apc", "--num-gpu-blocks", "2000", "--replicas", "2", "--router",
-               "dynamo", HASH_IDS]],
+               "dynamo", HASH_IDS],
+              # closed-loop sessions: the readable fleet over the compiled manager (its decode runs)
+              [*_SIM, *_TIMED, "--policy", "apc", "--num-gpu-blocks", "2000", "--replicas", "2", "--router",
+               "round_robin", "--arrivals", "closed-loop", CHAT]],
     # offload tiers: vLLM's native CPU offloading, LMCache, SGLang's HiCache
     "offload": [[*_SIM, "--policy", "apc", "--capacity", "20000", "--offload", tier, "--offload-size", "100000", TOKENS]
                 for tier in ("native", "lmcache")]

@@ -205,9 +205,12 @@ def test_each_replica_runs_as_it_would_alone(trace, policy, mode):
 def test_timed_decode_runs_in_a_fleet_equal_step_by_step(policy, router, arrivals, monkeypatch):
     """The timed fleet takes decode-only stretches in bulk, cut before the next arrival (and, closed
     loop, before another busy replica's next step): the same routes, steps and seconds as one step
-    at a time."""
+    at a time. (The readable fleet's shortcut: vLLM's compiled fleet, which takes every step,
+    is checked against the readable one in ``test_fleet_jit.py``.)"""
     from kvsim.engines.sglang.scheduler import SglangEngine
     from kvsim.engines.vllm.scheduler import VllmEngine
+
+    monkeypatch.setenv("KVSIM_VLLM_SCHEDULER", "readable")
 
     Engine = VllmEngine if policy == "apc" else SglangEngine
 

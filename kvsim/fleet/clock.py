@@ -22,6 +22,11 @@ loop advances them:
    request's first token, ``finished`` at its end (a rejected request at once), and, for
    routers fed by engine events, the replica's KV events.
 
+Where every replica is one vLLM's compiled loop models, the releases are logged, the clock is
+steps or the roofline and the router needs no raw KV events, the same turns run compiled
+(:func:`_run_compiled`: each replica alone up to the next arrival, its turns' events then
+delivered in this loop's order), with the same results (``tests/test_fleet_jit.py``).
+
 With one replica the turns are exactly those of :func:`kvsim.drive.clock.run`, so the
 results are the single engine's, request for request (``tests/test_fleet_driver.py``).
 The router's clock is in seconds: the timed clock itself, or ``step x --step-seconds``
@@ -75,6 +80,9 @@ def run_fleet(engines: Sequence, router: Router, requests: RouteRequests, releas
     fleet's step results (one :class:`StepResult` shared by the replicas, by request index;
     step numbers are each replica's own) and the timeline.
     """
+    compiled = _run_compiled(engines, router, requests, releases, cost, step_seconds, drains, progress)
+    if compiled is not None:
+        return compiled
     N, n = len(engines), len(releases.at)
     result = StepResult.empty(engines[0].result.engine, n)
     for e in engines:
@@ -259,6 +267,145 @@ def run_fleet(engines: Sequence, router: Router, requests: RouteRequests, releas
         after_turn(r)
     for e in engines:
         e.idle()
+    if progress is not None:
+        progress(n)
+    return result, line
+
+
+def _run_compiled(engines: Sequence, router: Router, requests: RouteRequests, releases: Releases, cost=None,
+                  step_seconds: float | None = None, drains=None,
+                  progress: Callable[[int], None] | None = None) -> tuple[StepResult, FleetTimeline] | None:
+    """:func:`run_fleet` with every replica's scheduler in its engine's compiled loop, where the
+    engines offer one for these releases (logged) and this clock (steps, or the roofline) and
+    the router needs no KV events (or reads the replicas' devices); None otherwise.
+
+    Replicas meet only at the router, which acts only at arrivals: before routing the requests
+    released at ``T``, each replica takes, on its own, every turn that starts before ``T``
+    (``FleetReplica.advance``, the readable turns one step at a time: a decode run's steps
+    change nothing the router hears or reads). Their events reach the router in the readable
+    loop's order of turns, (turn start, replica), before the routing, which reads the
+    replicas' loads and pools as they stand then.
+    """
+    make = getattr(type(engines[0]), "fleet_compiled", None)
+    if make is None or drains is not None or releases.after is not None:
+        return None
+    constants = None
+    if cost is not None:
+        from kvsim.drive.step_cost import RooflineStepCost
+
+        if type(cost) is not RooflineStepCost:
+            return None
+        constants = cost._constants
+    reps = make(engines, releases.at, constants)
+    if reps is None:
+        return None
+    from kvsim.engines.vllm.scheduler_jit import (E_FIRST, E_TAKE, R_CACHED, R_FINISH, R_FIRST, R_OUTPUT,
+                                                  R_PREEMPT, S_PEAK_R, S_PEAK_W, S_STEP)
+
+    N, n = len(engines), len(releases.at)
+    timed = cost is not None
+    unit = 1.0 if step_seconds is None else float(step_seconds)
+    result = StepResult.empty(engines[0].result.engine, n)
+    for e in engines:
+        e.result = result
+    pending, _, _ = releases.queue()
+    at = releases.at.tolist()
+    _, _, _, rejected, _, res, released, first, pre, dec = reps[0].shared
+    replica = np.full(n, -1, np.int64)
+    order: list[int] = []
+    finished: list[int] = []
+    live: dict[int, object] = {}                    # routed requests not finished: RouteRequest
+    wants_first = type(router).prefill_done is not Router.prefill_done
+    first_due: list[set[int]] = [set() for _ in range(N)]
+    ends = [rep.end for rep in reps]
+
+    def seconds(t) -> float:
+        return float(t) if timed else float(t) * unit
+
+    def step_end(r: int, step) -> float:
+        """Router seconds at the end of replica ``r``'s step ``step``."""
+        return float(ends[r][step]) if timed else (int(step) + 1) * unit
+
+    def first_tokens(r: int, firsts: list[int]) -> None:
+        """The end of a turn: its first tokens, in the order the readable loop finds them (its set's)."""
+        due = first_due[r]
+        if due:
+            new = set(firsts)
+            for i in [i for i in due if i in new]:
+                due.discard(i)
+                router.prefill_done(live[i], r, step_end(r, res[R_FIRST, i]))
+
+    def deliver(horizon: float) -> None:
+        """Every replica's turns that start before ``horizon``; their events to the router."""
+        logs = [(r, *rep.advance(horizon)) for r, rep in enumerate(reps) if rep.busy_before(horizon)]
+        logs = [(r, log, t) for r, log, t in logs if len(log)]
+        if not logs:
+            return
+        rows = np.concatenate([log for _, log, _ in logs])
+        who = np.concatenate([np.full(len(log), r, np.int64) for r, log, _ in logs])
+        if len(logs) > 1:               # turns in (start, replica) order; a replica's own in its order
+            ranks = np.lexsort((who, np.concatenate([t for _, _, t in logs])))
+            rows, who = rows[ranks], who[ranks]
+        ends[:] = [rep.end for rep in reps]         # (the timelines may have grown)
+        turn_of, firsts = (-1, -1), []
+        for (kind, i, turn), r in zip(rows.tolist(), who.tolist()):
+            if (r, turn) != turn_of:
+                if firsts:
+                    first_tokens(turn_of[0], firsts)
+                turn_of, firsts = (r, turn), []
+            if kind == E_TAKE:
+                order.append(i)
+                if rejected[i]:         # never runs: the router hears it finished
+                    router.finished(live.pop(i), r, seconds(at[i]))
+                elif wants_first:
+                    first_due[r].add(i)
+            elif kind == E_FIRST:
+                if wants_first:
+                    firsts.append(i)
+            else:                       # E_FINISH
+                finished.append(i)
+                req = live.pop(i)
+                if wants_first and i in first_due[r]:
+                    first_due[r].discard(i)
+                    router.prefill_done(req, r, step_end(r, res[R_FIRST, i]))
+                router.finished(req, r, step_end(r, res[R_FINISH, i]))
+        if firsts:
+            first_tokens(turn_of[0], firsts)
+
+    routed = 0
+    while pending:
+        now = pending[0][0]
+        deliver(float(now))
+        while pending and pending[0][0] <= now:     # an arrival is routed before a turn starting then
+            when, i = heapq.heappop(pending)
+            t = seconds(when)
+            req = requests.request(i, t)
+            r = router.route(req, [ReplicaLoad(*rep.load()) for rep in reps], t)
+            replica[i] = r
+            live[i] = req
+            reps[r].route(i)
+            routed += 1
+            if progress is not None and routed % 512 == 0:
+                progress(len(finished) + int(rejected[replica >= 0].sum()))
+    deliver(math.inf)
+
+    result.rejected[:] = rejected
+    for column, row in (("cached_tokens", R_CACHED), ("first_token_step", R_FIRST), ("finish_step", R_FINISH),
+                        ("output_tokens", R_OUTPUT), ("preemptions", R_PREEMPT)):
+        getattr(result, column)[:] = res[row]
+    result.finished = finished
+    steps = [int(rep.sc[S_STEP]) for rep in reps]
+    if timed:
+        lines = [Timeline(rep.start[:k].tolist(), rep.end[:k].tolist()) for rep, k in zip(reps, steps)]
+        clocks: list = [float(rep.clock[0]) for rep in reps]
+    else:
+        lines = [Timeline() for _ in reps]
+        clocks = [int(rep.clock[0]) for rep in reps]
+        released = np.where(np.isnan(released), -1, released).astype(np.int64)
+    line = FleetTimeline(replica, released, order, lines, steps, clocks,
+                         [int(rep.sc[S_PEAK_W]) for rep in reps], [int(rep.sc[S_PEAK_R]) for rep in reps])
+    if timed:
+        line.first_scheduled, line.prefill_tokens, line.decode_tokens = first, pre, dec
     if progress is not None:
         progress(n)
     return result, line

@@ -497,6 +497,17 @@ class VllmEngine:
 
         return scheduler_jit.replay(self, at, constants, progress)
 
+    @staticmethod
+    def fleet_compiled(engines, at, constants=None):
+        """A fleet's replicas on the compiled loop (:class:`kvsim.engines.vllm.scheduler_jit.FleetReplica`),
+        releases ``at`` in steps or in seconds with the roofline's ``constants``; None where that
+        loop does not model them (the fleet clock then runs these engines)."""
+        if any(type(e) is not VllmEngine or e.settings.implementation != "fast" for e in engines):
+            return None
+        from kvsim.engines.vllm import scheduler_jit
+
+        return scheduler_jit.fleet(engines, at, constants)
+
     def load(self) -> tuple[int, int, float]:
         """What a router polls: waiting and running requests, and ``kv_cache_usage_perc``
         (1 - free / usable blocks, docs/engines/apc.md §5.2)."""

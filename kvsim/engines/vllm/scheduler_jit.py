@@ -41,8 +41,13 @@ WAITING, RUNNING, PREEMPTED, FINISHED = range(4)      # as kvsim.engines.vllm.sc
 # slots of the settings ``cfg``
 (C_B, C_SEQS, C_TOKENS, C_THRESHOLD, C_ASYNC, C_CHUNKED, C_FULL_ISL, C_MML, C_CACHING, C_WATERMARK,
  C_TO_HEAD, C_TIMED, NUM_CFG) = range(13)
-# slots of the loop's scalars ``sc``, kept between the slices of a replay
-(S_WHEAD, S_WLEN, S_NRUN, S_FSS, S_NFIN, S_STEP, S_NEXT, S_QLEN, S_Q0, S_Q1, NUM_SCALARS) = range(11)
+# slots of the loop's scalars ``sc``, kept between the slices of a replay: the waiting ring, the
+# running count, finished_since_schedule, finished, steps, next release, the batch queue, and
+# for a fleet's replica: releases routed to it, turns, events logged, peak waiting and running
+(S_WHEAD, S_WLEN, S_NRUN, S_FSS, S_NFIN, S_STEP, S_NEXT, S_QLEN, S_Q0, S_Q1, S_NREL, S_TURN, S_NEV, S_PEAK_W,
+ S_PEAK_R, NUM_SCALARS) = range(16)
+# kinds of the events a fleet's replica logs per turn (what the router hears, kvsim.fleet.clock)
+E_TAKE, E_FIRST, E_FINISH = range(3)
 #: steps a kernel call runs before it returns (a progress report; the timeline's room grows)
 SLICE_STEPS = 1 << 14
 # rows of the per-request results ``res`` (StepResult's columns)
@@ -52,6 +57,15 @@ R_CACHED, R_FIRST, R_FINISH, R_OUTPUT, R_PREEMPT = range(5)
 #: reference to each array every call passes: more than a step's own work). They allocate
 #: nothing; the loop's state lives in arrays the caller passes.
 _step = njit(cache=True, _nrt=False)
+
+
+@_step
+def _log(log, tlog, sc, kind, r, now):
+    """A fleet's replica logs an event of this turn (a single replay passes no log)."""
+    if len(log) > 0:
+        e = sc[S_NEV]
+        log[e, 0], log[e, 1], log[e, 2], tlog[e] = kind, r, sc[S_TURN], now
+        sc[S_NEV] = e + 1
 
 
 # -- the queues -----------------------------------------------------------------------------------
@@ -242,7 +256,8 @@ def _schedule(pool, tbl, keys, q, cfg, hits, running, wq, skipped, preq, pn, pde
 
 
 @_step
-def _update_from_output(pool, tbl, keys, q, cfg, res, finished, running, wq, preq, pn, psamp, pcount, pstep, sc, s):
+def _update_from_output(pool, tbl, keys, q, cfg, res, finished, running, wq, preq, pn, psamp, pcount, pstep, sc, s,
+                        log, tlog, now):
     """Plan ``s``'s output: tokens appended, blocks cached (async), requests finished and freed."""
     qnext, qprev, key, dnext, dprev, tkeys, theads, ref, st = pool
     B, mml, caching, to_head = cfg[C_B], cfg[C_MML], cfg[C_CACHING] != 0, cfg[C_TO_HEAD] != 0
@@ -272,6 +287,7 @@ def _update_from_output(pool, tbl, keys, q, cfg, res, finished, running, wq, pre
             q[r, F_OPEN] = 0
             res[R_CACHED, r] = q[r, F_PCACHED]
             res[R_FIRST, r] = pstep[s]
+            _log(log, tlog, sc, E_FIRST, r, now)
         if done:
             q[r, F_STATUS] = FINISHED
             sc[S_FSS] = 1
@@ -284,6 +300,7 @@ def _update_from_output(pool, tbl, keys, q, cfg, res, finished, running, wq, pre
             res[R_PREEMPT, r] = q[r, F_NPRE]
             finished[sc[S_NFIN]] = r
             sc[S_NFIN] += 1
+            _log(log, tlog, sc, E_FINISH, r, now)
             stopped = True
     if stopped:
         _drop_finished(q, running, wq, sc)
@@ -293,31 +310,42 @@ def _update_from_output(pool, tbl, keys, q, cfg, res, finished, running, wq, pre
 
 @_step
 def run_replay(pool, tbl, keys, q, cfg, k, at, order, rejected, hits, res, finished, released, first, pre, dec,
-               running, wq, skipped, preq, pn, pdec, psamp, pcount, pstep, sc, clock, start, end, until):
-    """Release, schedule and process outputs until every request is released and finished
-    (True), or until ``until`` steps are taken (False: call again to go on).
+               running, wq, skipped, preq, pn, pdec, psamp, pcount, pstep, sc, clock, start, end, until, horizon,
+               log, tlog):
+    """Release, schedule and process outputs until every request released so far is finished,
+    or the next turn would start at or after ``horizon`` (True), or until ``until`` steps are
+    taken (False: call again to go on).
 
-    ``at[order]`` are the releases in (time, log) order; with ``cfg[C_TIMED]`` the clock is in
-    seconds, each step lasts ``_seconds`` of its batch (``k``: the roofline's constants) and
-    ``start`` / ``end`` get its times, else the clock is the step number (jumps included).
-    The batch queue (async, §4.2) holds two plans, ``sc[S_Q0]`` the oldest; a plan is its
-    requests, their new tokens, decode or not, sampling or not (``_schedule``), its size
-    (``pcount``) and its step (``pstep``)."""
+    ``at[order[:sc[S_NREL]]]`` are the releases in (time, log) order (a fleet's replica gets
+    more between calls: those routed to it); with ``cfg[C_TIMED]`` the clock is in seconds,
+    each step lasts ``_seconds`` of its batch (``k``: the roofline's constants) and ``start`` /
+    ``end`` get its times, else the clock is the step number (jumps included). The batch queue
+    (async, §4.2) holds two plans, ``sc[S_Q0]`` the oldest; a plan is its requests, their new
+    tokens, decode or not, sampling or not (``_schedule``), its size (``pcount``) and its step
+    (``pstep``). A turn is a release pass and at most one step, as in :func:`kvsim.drive.clock.run`;
+    with a ``log`` (a fleet's replica) each turn logs its events: requests taken, first tokens
+    and finishes, with the turn's number and start; and the peak waiting and running after it."""
     lag, timed = cfg[C_ASYNC], cfg[C_TIMED] != 0
-    n = len(at)
+    n = sc[S_NREL]
     now, step, p, qlen = clock[0], sc[S_STEP], sc[S_NEXT], sc[S_QLEN]
-    over = False                        # every request released and finished
+    over = False                        # every request released and finished, or the horizon reached
     while step < until:
         # -- the clock (kvsim.drive.clock.run): an idle engine jumps to the next release
+        t = now
         if sc[S_NRUN] == 0 and sc[S_WLEN] == 0 and sc[S_FSS] == 0 and qlen == 0:
             if p == n:
                 over = True
                 break
-            now = max(now, at[order[p]])
+            t = max(now, at[order[p]])
+        if t >= horizon:                # a fleet's arrival is routed first (kvsim.fleet.clock)
+            over = True
+            break
+        now = t
         while p < n and at[order[p]] <= now:
             i = order[p]
             p += 1
             released[i] = at[i]
+            _log(log, tlog, sc, E_TAKE, i, now)
             if not rejected[i]:
                 _wpush(wq, sc, i, False)
 
@@ -354,7 +382,7 @@ def run_replay(pool, tbl, keys, q, cfg, k, at, order, rejected, hits, res, finis
 
         if process >= 0:
             _update_from_output(pool, tbl, keys, q, cfg, res, finished, running, wq, preq, pn, psamp, pcount, pstep,
-                                sc, process)
+                                sc, process, log, tlog, now)
 
         if took:
             if timed:
@@ -364,6 +392,12 @@ def run_replay(pool, tbl, keys, q, cfg, k, at, order, rejected, hits, res, finis
             else:
                 now += 1
             step += 1
+        # the fleet clock reads the replica's load after each turn (its peaks)
+        sc[S_TURN] += 1
+        if sc[S_WLEN] > sc[S_PEAK_W]:
+            sc[S_PEAK_W] = sc[S_WLEN]
+        if sc[S_NRUN] > sc[S_PEAK_R]:
+            sc[S_PEAK_R] = sc[S_NRUN]
     clock[0], sc[S_STEP], sc[S_NEXT], sc[S_QLEN] = now, step, p, qlen
     return over
 
@@ -450,8 +484,10 @@ def replay(engine, at, constants=None, progress=None):
     args = (cache.pool.arrays, cache.tbl, cache.keys, q, cfg, k, at.astype(np.float64), order, rejected,
             np.zeros(most, np.int32), res, finished, released, first, pre, dec, *loop)
     sc, clock = loop[-2], loop[-1]
+    sc[S_NREL] = n
     skipped = int(rejected.sum())
-    while not run_replay(*args, start, end, sc[S_STEP] + SLICE_STEPS):
+    no_log = (np.zeros((0, 3), np.int64), np.zeros(0))
+    while not run_replay(*args, start, end, sc[S_STEP] + SLICE_STEPS, np.inf, *no_log):
         if progress is not None:
             progress(int(sc[S_NFIN]) + skipped)
         if timed and len(start) < sc[S_STEP] + SLICE_STEPS:     # room for the next slice
@@ -469,3 +505,130 @@ def replay(engine, at, constants=None, progress=None):
     if not timed:
         return int(clock[0]), [], [], released.astype(np.int64), None, None, None
     return steps, start[:steps].tolist(), end[:steps].tolist(), released, first, pre, dec
+
+
+# -- a fleet's replicas (kvsim.fleet.clock) -------------------------------------------------------
+
+class FleetReplica:
+    """One replica of a fleet on :func:`run_replay`, re-entered between the router's decisions.
+
+    The loop's state (the per-request ``q`` and results, shared by the fleet's replicas since a
+    request runs on one; the running list, the waiting ring, the batch queue's plans, the clock
+    and the scalars, this replica's own) lives in arrays kept here between calls. :meth:`route`
+    hands it a request the router sent it (keyed at once, in its own pool's arenas);
+    :meth:`advance` takes every turn that starts before a time and returns the turns' events;
+    :meth:`load` is what the router polls.
+    """
+
+    def __init__(self, engine, shared: tuple, timed: bool) -> None:
+        self.engine = engine
+        self.cache = cache = engine.scheduler.cache
+        s, n = engine.settings, len(engine.prompts)
+        q, k, at, rejected, hits, res, released, first, pre, dec = shared
+        self.q, self.rejected, self.shared = q, rejected, shared
+        cfg = np.zeros(NUM_CFG, np.int64)
+        cfg[C_B], cfg[C_SEQS], cfg[C_TOKENS] = s.block_size, s.max_num_seqs, s.max_num_batched_tokens
+        cfg[C_THRESHOLD], cfg[C_ASYNC] = s.long_prefill_token_threshold, int(s.async_scheduling)
+        cfg[C_CHUNKED], cfg[C_FULL_ISL] = int(s.enable_chunked_prefill), int(s.reserve_full_isl)
+        cfg[C_MML], cfg[C_CACHING] = engine.scheduler.max_model_len, int(cache.enable_caching)
+        cfg[C_WATERMARK], cfg[C_TO_HEAD] = cache.watermark_blocks, int(cache.unhashed_to_head)
+        cfg[C_TIMED] = int(timed)
+        P = max(1, min(s.max_num_seqs, n))
+        self.order = np.zeros(max(n, 1), np.int64)      # the requests routed here, in routing order
+        self.sc = np.zeros(NUM_SCALARS, np.int64)
+        self.clock = np.zeros(1)
+        self._head = (q, cfg, k, at, self.order, rejected, hits, res, np.zeros(max(n, 1), np.int64), released,
+                      first, pre, dec, np.zeros(max(n, 1), np.int64), np.zeros(max(n, 1), np.int64),
+                      np.zeros(max(n, 1), np.int64), np.zeros((2, P), np.int64), np.zeros((2, P), np.int64),
+                      np.zeros((2, P), np.bool_), np.zeros((2, P), np.bool_), np.zeros(2, np.int64),
+                      np.zeros(2, np.int64), self.sc, self.clock)
+        self.timed = timed
+        self.start, self.end = np.zeros(1024 if timed else 0), np.zeros(1024 if timed else 0)
+        self.log, self.tlog = np.zeros((64, 3), np.int64), np.zeros(64)
+        self.live: dict[int, object] = {}               # routed, not finished: the request's sequence
+
+    def route(self, i: int) -> None:
+        """Request ``i`` reaches this replica (released at ``at[i]``, after those routed before)."""
+        e, cache, q = self.engine, self.cache, self.q
+        if not self.rejected[i]:
+            tbl = cache.tbl
+            seq = cache.new_sequence(str(i), e.prompts[i], None if e.loras is None else e.loras[i],
+                                     None if e.salts is None else e.salts[i], outputs=e.outputs[i],
+                                     skip_reading_prefix_cache=e.prompt_logprobs is not None
+                                     and bool(e.prompt_logprobs[i]))
+            if seq.exact is not None:       # exact digests: the outputs' blocks hashed now
+                cache.append_many(seq, np.asarray(e.outputs[i]))
+            q[i, F_READ] = int(cache.enable_caching and not seq.skip_read)
+            self.live[i] = seq
+            if cache.tbl is tbl:
+                q[i, F_OFF] = seq.off
+            else:                           # the arenas were compacted: every region moved
+                for j, other in self.live.items():
+                    q[j, F_OFF] = other.off
+        sc = self.sc
+        self.order[sc[S_NREL]] = i
+        sc[S_NREL] += 1
+
+    def busy_before(self, horizon: float) -> bool:
+        """Whether a turn of this replica starts before ``horizon``."""
+        sc = self.sc
+        if sc[S_NRUN] or sc[S_WLEN] or sc[S_FSS] or sc[S_QLEN]:
+            return self.clock[0] < horizon
+        return sc[S_NEXT] < sc[S_NREL] and max(self.clock[0], self._head[3][self.order[sc[S_NEXT]]]) < horizon
+
+    def advance(self, horizon: float) -> tuple[np.ndarray, np.ndarray]:
+        """Every turn that starts before ``horizon``: the turns' events (kind, request, turn) and
+        their turns' starts, in the order they happened; finished requests' regions released."""
+        sc = self.sc
+        need = 3 * (int(sc[S_NREL]) - int(sc[S_NFIN])) + 3     # at most: taken, first token, finished
+        if len(self.log) < need:
+            room = max(need, 2 * len(self.log))
+            self.log, self.tlog = np.zeros((room, 3), np.int64), np.zeros(room)
+        sc[S_NEV] = 0
+        cache = self.cache
+        while True:
+            until = len(self.start) if self.timed else 1 << 62
+            if run_replay(cache.pool.arrays, cache.tbl, cache.keys, *self._head, self.start, self.end, until,
+                          float(horizon), self.log, self.tlog):
+                break
+            self.start, self.end = (np.concatenate([a, np.zeros(len(a))]) for a in (self.start, self.end))
+        m = int(sc[S_NEV])
+        log = self.log[:m]
+        for i in log[log[:, 0] == E_FINISH, 1].tolist():
+            seq = self.live.pop(i)
+            seq.num_blocks = seq.num_cached = 0
+            seq.allocated = False
+            cache.release(seq)
+        return log, self.tlog[:m]
+
+    def load(self) -> tuple[int, int, float]:
+        """``VllmEngine.load``: waiting and running requests, and the KV usage."""
+        usable = self.engine.settings.num_gpu_blocks - 1
+        usage = 1.0 - self.cache.num_free_blocks / usable if usable > 0 else 0.0
+        return int(self.sc[S_WLEN]), int(self.sc[S_NRUN]), usage
+
+
+def fleet(engines, at, constants=None) -> list[FleetReplica] | None:
+    """``engines``, a fleet's replicas, on the compiled loop (releases ``at`` in steps, or in
+    seconds with the roofline ``constants``); None unless :func:`eligible` says yes for every
+    one and they share their settings and requests (nothing changed then)."""
+    first_engine = engines[0]
+    if not all(eligible(e, at, constants) for e in engines):
+        return None
+    inputs = ("prompts", "outputs", "loras", "salts", "prompt_logprobs")
+    if any(e.settings != first_engine.settings or any(getattr(e, a) is not getattr(first_engine, a) for a in inputs)
+           for e in engines):
+        return None
+    s, n = first_engine.settings, len(first_engine.prompts)
+    L = np.array([len(p) for p in first_engine.prompts], np.int64)
+    M = np.array([len(o) for o in first_engine.outputs], np.int64)
+    rejected = ~rules.fits_ever(L, M, s.block_size, s.num_gpu_blocks)       # never scheduled (§1)
+    q = np.zeros((n, NUM_FIELDS), np.int64)
+    q[:, F_L], q[:, F_M], q[:, F_NTOK], q[:, F_OPEN] = L, M, L, 1
+    k = np.asarray(constants if constants is not None else [0.0] * 7, np.float64)
+    most = int(((L + M - 1) // s.block_size).max()) + 1 if n else 1
+    res = np.full((5, n), -1, np.int64)
+    res[R_OUTPUT] = res[R_PREEMPT] = 0
+    shared = (q, k, np.asarray(at).astype(np.float64), rejected, np.zeros(most, np.int32), res, np.full(n, np.nan),
+              np.full(n, np.nan), np.zeros(n, np.int64), np.zeros(n, np.int64))
+    return [FleetReplica(e, shared, constants is not None) for e in engines]
