@@ -116,6 +116,39 @@ def test_fleet_bound_over_routed_bound_over_delivered(seed):
         assert f["fleet_bound_hit_rate"] >= f["routed_bound_hit_rate"] >= f["token_hit_rate"]
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_bounds_equal_the_shares_replayed_one_by_one(seed):
+    """The fleet's bounds on vLLM's engine come from the log keyed once and an unlimited cache
+    as a set of keys (``run_unlimited``); they equal each share replayed on its own through the
+    compiled sequential engine on an unlimited pool (``bounds._cached``): namespaces, prompt-
+    logprob requests, exact hashes, block sizes, the 0.11 profile, orders that are not the log's."""
+    from kvsim.drive.requests import workload as flat_workload
+    from kvsim.fleet.bounds import _cached, _unlimited_replayer, unlimited
+
+    rng = np.random.default_rng(300 + seed)
+    base = workload(seed, n=150, vocab=int(rng.choice([30, 400])))
+    n = len(base)
+    prompts = [base.prompt(i) for i in range(n)]
+    outputs = [rng.integers(0, 400, rng.integers(1, 40)) for _ in range(n)]
+    t = Trace.from_prompts(prompts, outputs=outputs,
+                           loras=[None if rng.random() < 0.6 else f"l{rng.integers(2)}" for _ in range(n)],
+                           cache_salts=[None if rng.random() < 0.7 else f"s{rng.integers(2)}" for _ in range(n)],
+                           prompt_logprobs=list(rng.random(n) < 0.15))
+    opts = unlimited(SimOptions(block_size=int(rng.choice([1, 4, 16])), hash_algo=str(rng.choice(["fast", "sha256"])),
+                                engine_version=str(rng.choice(["0.33", "0.11"]))))
+    work = flat_workload(t)
+    fast = _unlimited_replayer("apc", work, opts)
+    assert fast is not None and _unlimited_replayer("radix", work, opts) is None
+    order = rng.permutation(n)
+    replica = rng.integers(0, 3, n)
+    hits = 0
+    for share in [order, np.arange(n), *(order[replica[order] == r] for r in range(3)), order[:0]]:
+        expected = _cached("apc", t, work, share, opts)
+        assert np.array_equal(fast(share), expected)
+        hits += int(expected.sum() > 0)
+    assert hits >= 4                          # the shares share prefixes: the cache is used
+
+
 def test_replicas_run_in_parallel_in_timed():
     """Two equal requests at once on two replicas: each is served as if alone (its own timeline)."""
     rng = np.random.default_rng(3)

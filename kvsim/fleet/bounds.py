@@ -56,6 +56,18 @@ def _cached(policy: str, trace, work, order: np.ndarray, options: SimOptions) ->
     return out
 
 
+def _unlimited_replayer(policy: str, work, options: SimOptions):
+    """The engine's own replay of orders of ``work`` on an unlimited cache, the log keyed once
+    (``unlimited_replayer`` of its compiled sequential model), or None where it has none."""
+    from kvsim.engines import registry
+
+    spec = registry.engine(policy)
+    engine = spec.implementation("fast")
+    if not hasattr(engine, "unlimited_replayer"):
+        return None
+    return engine(spec.settings(options)).unlimited_replayer(work)
+
+
 def bounds(policy: str, trace, options: SimOptions, replica: np.ndarray, order: np.ndarray) -> Bounds:
     """Both bounds for a routing (``replica`` per request) and the order the replicas took them
     (the replicas' replays beside the fleet's, on another core where one is free:
@@ -66,14 +78,18 @@ def bounds(policy: str, trace, options: SimOptions, replica: np.ndarray, order: 
     order = np.asarray(order, np.int64)
     work = workload(trace)
     of = replica[order]
+    fast = _unlimited_replayer(policy, work, opts)     # (keyed here, before the child forks)
+
+    def cached(share: np.ndarray) -> np.ndarray:
+        return fast(share) if fast is not None else _cached(policy, trace, work, share, opts)
 
     def routed(here: bool) -> np.ndarray:
         out = np.zeros(len(trace), np.int64)
         for r in np.unique(of):
-            out += _cached(policy, trace, work, order[of == r], opts)
+            out += cached(order[of == r])
         return out
     with Side(routed) as per_replica:
-        return Bounds(_cached(policy, trace, work, order, opts), per_replica.result())
+        return Bounds(cached(order), per_replica.result())
 
 
 def rate(cached: np.ndarray, prompt: np.ndarray, counted: np.ndarray) -> float:

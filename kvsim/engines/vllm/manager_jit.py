@@ -372,6 +372,27 @@ def run_sequential(i0, i1, L, M, read, keys, key_off, B, unhashed_to_head,
         out_evicted[i] = st[ST_EVICTED] - evicted
 
 
+@njit(cache=True)
+def run_unlimited(order, L, read, keys, key_off, B, tkeys, out_cached):
+    """:func:`run_sequential` on a pool that never evicts, over the requests ``order`` (in that
+    order, from an empty cache): a request hits the longest prefix of its lookup blocks that a
+    request before it kept, then keeps every block it filled (a set of keys: with nothing evicted
+    the free queue, the block ids and the duplicates change no hit; §3.3). ``tkeys``: an empty
+    table (:mod:`kvsim.kernels.table`) with room for every key of ``order``'s requests."""
+    for i in order:
+        if L[i] <= 0:
+            continue                    # never scheduled (fits_ever): keeps nothing
+        k0 = key_off[i]
+        cap = lookup_cap_blocks_jit(L[i], B) if read[i] else 0
+        h = 0
+        while h < cap and tkeys[probe(tkeys, keys[k0 + h])] == keys[k0 + h]:
+            h += 1
+        out_cached[i] = h * B
+        for j in range(k0, key_off[i + 1]):
+            s = probe(tkeys, keys[j])
+            tkeys[s] = keys[j]
+
+
 # -- the scheduler's manager -----------------------------------------------------------------
 
 _NO_HITS = np.zeros(0, np.int32)

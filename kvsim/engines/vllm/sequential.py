@@ -30,6 +30,7 @@ readable tier for each request; the reported ``cached_tokens`` is vLLM's
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -342,6 +343,27 @@ class APCFast(SequentialCache):
                                        int(kw.output_len[i]), local, not bool(kw.read[i]), tokens)
             cols.cached_tokens[i] += external
             cols.extend_tokens[i] -= external
+
+    def unlimited_replayer(self, work: Workload) -> Callable[[np.ndarray], np.ndarray] | None:
+        """For an unlimited pool without a tier (a fleet's bounds): ``work`` keyed once, and a
+        function giving, for an order of its requests, each one's cached tokens when they are
+        replayed one at a time in that order from an empty cache (0 for the others): what
+        :meth:`replay` of that share would give, without re-keying it (``run_unlimited``).
+        None for a finite pool or a tier."""
+        if self.settings.num_gpu_blocks is not None or self.tier is not None:
+            return None
+        kw = self.workload(work)
+        jit = _jit()
+
+        def cached(order: np.ndarray) -> np.ndarray:
+            from kvsim.kernels.table import new_table, table_size
+
+            order = np.asarray(order, np.int64)
+            out = np.zeros(len(kw.prompt_len), np.int64)
+            tkeys, _ = new_table(table_size(int((kw.key_off[order + 1] - kw.key_off[order]).sum())), np.int8)
+            jit.run_unlimited(order, kw.prompt_len, kw.read, kw.keys, kw.key_off, kw.block_size, tkeys, out)
+            return out
+        return cached
 
     def run(self, kw: KeyedWorkload, progress: Progress | None = None, chunk: int | None = None) -> ServedColumns:
         """:meth:`replay` on an already keyed workload."""
