@@ -245,19 +245,26 @@ def run(engine: SteppedEngine, releases: Releases, cost=None, progress=None) -> 
     return (step if timed else now), line
 
 
+def compiled_clock(cost) -> tuple[bool, tuple[float, ...] | None]:
+    """Whether the engines' compiled loops model this clock, and what they take for it: the
+    step clock (``cost`` None: no constants) or the roofline's timed clock (its constants);
+    any other step cost runs the readable loops."""
+    if cost is None:
+        return True, None
+    from kvsim.drive.step_cost import RooflineStepCost
+
+    if type(cost) is not RooflineStepCost:
+        return False, None
+    return True, cost._constants
+
+
 def _run_compiled(engine, releases: Releases, cost, progress=None) -> tuple[int, Timeline] | None:
     """The engine's own compiled loop (``replay_compiled``), where it has one that models these
     releases (logged, not closed-loop) and this clock (steps, or the roofline's step cost)."""
     compiled = getattr(engine, "replay_compiled", None)
-    if compiled is None or releases.after is not None:
+    modelled, constants = compiled_clock(cost)
+    if compiled is None or releases.after is not None or not modelled:
         return None
-    constants = None
-    if cost is not None:
-        from kvsim.drive.step_cost import RooflineStepCost
-
-        if type(cost) is not RooflineStepCost:
-            return None
-        constants = cost._constants
     done = compiled(releases.at, constants, progress)
     if done is None:
         return None

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvsim.drive.clock import Releases, Timeline, decode_run_before
+from kvsim.drive.clock import Releases, Timeline, compiled_clock, decode_run_before
 from kvsim.engines.base import StepResult
 from kvsim.fleet.base import IDLE, ReplicaLoad, Router
 from kvsim.fleet.config import RouteRequests
@@ -287,15 +287,9 @@ def _run_compiled(engines: Sequence, router: Router, requests: RouteRequests, re
     replicas' loads and pools as they stand then.
     """
     make = getattr(type(engines[0]), "fleet_compiled", None)
-    if make is None or drains is not None or releases.after is not None:
+    modelled, constants = compiled_clock(cost)
+    if make is None or drains is not None or releases.after is not None or not modelled:
         return None
-    constants = None
-    if cost is not None:
-        from kvsim.drive.step_cost import RooflineStepCost
-
-        if type(cost) is not RooflineStepCost:
-            return None
-        constants = cost._constants
     reps = make(engines, releases.at, constants)
     if reps is None:
         return None
