@@ -238,8 +238,7 @@ def test_dy5_approx_ttl():
     p = seq(0, 64)
     w = r.route(req(0, p), [IDLE] * 2, 0.0)
     r.finished(req(0, p), w, 0.0)
-    keys = r._keys(req(1, p))
-    assert r.overlap(keys, w, 0.6) == 4 and r.overlap(keys, w, 1.6) == 0
+    assert r.request_overlap(req(1, p), w, 0.6) == 4 and r.request_overlap(req(1, p), w, 1.6) == 0
 
 
 def test_dy6_host_tier_events_leave_the_device_overlap():
@@ -247,10 +246,10 @@ def test_dy6_host_tier_events_leave_the_device_overlap():
     r = make_router("dynamo", 2)
     p = np.asarray(seq(0, 32))
     r.kv_event(0, BlockStored((1, 2), None, p, 16, medium="CPU"), 0)
-    assert r.overlap(r._keys(req(0, p)), 0, 0) == 0
+    assert r.request_overlap(req(0, p), 0, 0) == 0
     r.kv_event(0, BlockStored((1, 2), None, p, 16), 0)
     r.kv_event(0, BlockRemoved((2,)), 0)
-    assert r.overlap(r._keys(req(1, p)), 0, 0) == 1
+    assert r.request_overlap(req(1, p), 0, 0) == 1
 
 
 def test_dy7_namespaces():
@@ -259,10 +258,10 @@ def test_dy7_namespaces():
     p = seq(0, 32)
     r.kv_event(0, BlockStored((1, 2), None, np.asarray(p), 16, cache_salt="S"), 0)
     r.kv_event(1, BlockStored((3, 4), None, np.asarray(p), 16, lora_name="L"), 0)
-    assert r.overlap(r._keys(req(0, p, cache_salt="S")), 0, 0) == 2
-    assert r.overlap(r._keys(req(1, p)), 0, 0) == 0
-    assert r.overlap(r._keys(req(2, p, lora="L")), 1, 0) == 2
-    assert r.overlap(r._keys(req(3, p, lora="L", cache_salt="S")), 1, 0) == 0
+    assert r.request_overlap(req(0, p, cache_salt="S"), 0, 0) == 2
+    assert r.request_overlap(req(1, p), 0, 0) == 0
+    assert r.request_overlap(req(2, p, lora="L"), 1, 0) == 2
+    assert r.request_overlap(req(3, p, lora="L", cache_salt="S"), 1, 0) == 0
 
 
 def test_dynamo_prefill_done_and_finished_release_load():

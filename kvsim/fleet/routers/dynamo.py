@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from kvsim.fleet.base import ReplicaLoad, RouteRequest, Router
 from kvsim.fleet.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from kvsim.fleet.keys import block_keys, chain_keys, root_key
 from kvsim.fleet.options import check, choice
+
+if TYPE_CHECKING:
+    from kvsim.kernels.multiset import KeyMultiset
 
 
 @dataclass(frozen=True)
@@ -57,23 +61,24 @@ class DynamoSettings:
 class _Booking:
     replica: int
     prefill_tokens: int         # left in active prefill until prefill_done
-    keys: list[int]             # full-block keys counted as active blocks until finished
+    keys: np.ndarray            # full-block keys (uint64) counted as active blocks until finished
 
 
-def booked_prefix(active: dict[int, int], keys: Sequence[int]) -> int:
+def booked_prefix(active: KeyMultiset, keys: np.ndarray) -> int:
     """How many of a request's ``keys`` are in ``active`` (Dynamo counts them one by one).
 
     ``active`` holds the whole key chains of the booked requests, and a prefix-chained key
     stands for its whole prefix, so a key is booked only if every key before it is: the
     booked keys are a prefix of ``keys``, found by bisection (docs/engines/routers.md §3.3)."""
-    lo, hi = 0, len(keys)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if keys[mid] in active:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+    return active.held_prefix(keys)
+
+
+def as_key_array(keys: list[int]) -> np.ndarray:
+    """Python-hash keys (:mod:`kvsim.fleet.keys`) as the uint64 keys of a :class:`KeyMultiset`:
+    the same 64 bits; a 0 (which the table reserves) is taken as 1, as the pools' fast hash does."""
+    out = np.array(keys, np.int64).view(np.uint64)
+    out[out == 0] = 1
+    return out
 
 
 class DynamoRouter(Router):
@@ -84,6 +89,8 @@ class DynamoRouter(Router):
     load_aware = True
 
     def _setup(self) -> None:
+        from kvsim.kernels.multiset import KeyMultiset     # (numba: imported when a fleet routes)
+
         s = self.settings
         self.needs_events = s.mode == "events"  # type: ignore[misc]
         n = self.num_replicas
@@ -91,10 +98,10 @@ class DynamoRouter(Router):
         self.engine_keys: list[dict[int, int]] = [{} for _ in range(n)]   # engine hash -> key
         self.expiry: list[dict[int, float]] = [{} for _ in range(n)]      # approx mode
         self.active_prefill = [0] * n
-        self.active_blocks: list[dict[int, int]] = [{} for _ in range(n)]    # key -> booked requests
+        self.active_blocks = [KeyMultiset() for _ in range(n)]     # key -> booked requests
         self.active_requests = [0] * n
         self.bookings: dict[str, _Booking] = {}
-        self._memo: tuple | None = None     # (index, id, keys[, keys as an array]) of the request at hand
+        self._memo: tuple | None = None     # (index, id, keys as an array, as a list or None) of the request at hand
         self._routes = 0
         self.devices = None         # events mode: the replicas' device blocks, read directly
 
@@ -105,22 +112,28 @@ class DynamoRouter(Router):
             self.devices = devices
 
     # -- the index ------------------------------------------------------------------------
-    def _keys(self, req: RouteRequest) -> list[int]:
+    def _keys(self, req: RouteRequest) -> np.ndarray:
+        """The request's full-block keys (uint64), once per request."""
         if self._memo is None or self._memo[0] != req.index or self._memo[1] != req.request_id:
             if self.devices is not None:    # the pools' keys: one per namespace and token prefix
                 keys = self.devices[0].keys(req.tokens, req.lora, req.cache_salt)
-                self._memo = (req.index, req.request_id, keys.tolist(), keys)
+                self._memo = (req.index, req.request_id, keys, None)
             else:
-                self._memo = (req.index, req.request_id, block_keys(req.tokens, self.block_size, req.namespace))
+                listed = block_keys(req.tokens, self.block_size, req.namespace)
+                self._memo = (req.index, req.request_id, as_key_array(listed), listed)
         return self._memo[2]
 
-    def overlap(self, keys: Sequence[int], replica: int, now: float) -> int:
-        """Consecutive prefix blocks of ``keys`` on ``replica``'s device tier."""
-        n = 0
+    def request_overlap(self, req: RouteRequest, replica: int, now: float) -> int:
+        """:meth:`overlap` of ``req``'s keys (the memo's: an array from the pools, else the list)."""
+        self._keys(req)
+        return self.overlap(self._memo[2] if self.devices is not None else self._memo[3], replica, now)
+
+    def overlap(self, keys: Sequence[int] | np.ndarray, replica: int, now: float) -> int:
+        """Consecutive prefix blocks of ``keys`` on ``replica``'s device tier (the pools' keys
+        where the router reads the pools, else the keys of :mod:`kvsim.fleet.keys`)."""
         if self.devices is not None:
-            memo = self._memo
-            array = memo[3] if memo is not None and memo[2] is keys else np.asarray(keys, np.uint64)
-            return self.devices[replica].prefix_blocks(array)
+            return self.devices[replica].prefix_blocks(np.asarray(keys, np.uint64))
+        n = 0
         if self.settings.mode == "events":
             held = self.device[replica]
             for k in keys:
@@ -144,7 +157,7 @@ class DynamoRouter(Router):
         bs = float(self.block_size)
         out = []
         for w in range(self.num_replicas):
-            dev = self.overlap(keys, w, now)
+            dev = self.request_overlap(req, w, now)
             raw = (self.active_prefill[w] + len(req.tokens)) / bs
             adjusted = max(raw - s.overlap_score_credit * dev, 0.0)
             active = self.active_blocks[w]
@@ -160,18 +173,16 @@ class DynamoRouter(Router):
 
     def _dispatched(self, req: RouteRequest, replica: int, now: float) -> None:
         keys = self._keys(req)
-        dev = self.overlap(keys, replica, now)
+        dev = self.request_overlap(req, replica, now)
         prefill = max(len(req.tokens) - dev * self.block_size, 0)
         self.bookings[req.request_id] = _Booking(replica, prefill, keys)
         self.active_prefill[replica] += prefill
-        active = self.active_blocks[replica]
-        for k in keys:
-            active[k] = active.get(k, 0) + 1
+        self.active_blocks[replica].add(keys)
         self.active_requests[replica] += 1
         if self.settings.mode == "approx":
             exp = self.expiry[replica]
             until = now + self.settings.router_ttl_secs
-            for k in keys:
+            for k in self._memo[3]:
                 exp[k] = until
             self._routes += 1
             if self._routes % 1024 == 0:
@@ -195,13 +206,7 @@ class DynamoRouter(Router):
         if b is None:
             return
         self.active_prefill[b.replica] -= b.prefill_tokens
-        active = self.active_blocks[b.replica]
-        for k in b.keys:
-            left = active[k] - 1
-            if left > 0:
-                active[k] = left
-            else:
-                del active[k]
+        self.active_blocks[b.replica].remove(b.keys)
         self.active_requests[b.replica] -= 1
 
     def kv_event(self, replica: int, event: KvEvent, now: float) -> None:
