@@ -24,6 +24,7 @@ from sched_workloads import SchedMix, random_workload
 
 from kvsim.costs.calibration import Calibration
 from kvsim.drive.clock import Releases, _run_compiled, run
+from kvsim.drive.requests import Ragged
 from kvsim.costs.roofline import DevicePeak
 from kvsim.drive.step_cost import CalibratedStepCost, RooflineStepCost, step_cost
 from kvsim.drive.timed import make_engine
@@ -129,6 +130,47 @@ def test_compiled_loop_equals_readable(seed, knobs, B, factor, extra, clock, mon
         busy = np.array(slow[2].step_end) - np.array(slow[2].step_start)
         bound = k[3] / k[6]         # the weights' read: the least a step with a batch takes
         assert (busy > 1.5 * bound).any() and (np.abs(busy - bound) < 0.2 * bound).any()
+
+
+def _ragged(arrays) -> Ragged:
+    """``arrays`` as views of one flat array, as the CLI hands a trace's prompts to an engine."""
+    lengths = [len(a) for a in arrays]
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    offsets[1:] = np.cumsum(lengths)
+    flat = np.concatenate([np.asarray(a, np.int64) for a in arrays]) if arrays else np.zeros(0, np.int64)
+    return Ragged(flat, offsets)
+
+
+@pytest.mark.parametrize("seed, knobs, B, factor, extra", CASES, ids=[f"seed{c[0]}" for c in CASES])
+def test_flat_logs_are_keyed_in_one_call_with_the_same_replay(seed, knobs, B, factor, extra, monkeypatch):
+    """Prompts and outputs given as views of flat arrays (``engine_inputs``) are keyed by one
+    ``key_requests`` call: every request's keys equal those ``new_sequence`` gives it, and the
+    replay equals the readable one (namespaces, prompt logprobs, requests that never fit)."""
+    from kvsim.engines.vllm.manager_jit import JitKVCacheManager
+
+    w, settings = workload(seed, knobs, B, factor, extra)
+    slow = replay(w, settings, "steps", True, monkeypatch)
+    calls, keys = [], {}
+    original = JitKVCacheManager.key_requests
+
+    def key_requests(self, index, prompt_tok, prompt_off, out_tok, out_off, loras, salts):
+        region, off = original(self, index, prompt_tok, prompt_off, out_tok, out_off, loras, salts)
+        calls.append(len(index))
+        for i, o in zip(index.tolist(), off.tolist()):
+            nk = (len(w.prompts[i]) + len(w.outputs[i])) // B
+            keys[i] = self.keys[o:o + nk].copy()
+        return region, off
+    monkeypatch.setattr(JitKVCacheManager, "key_requests", key_requests)
+    flat = dataclasses.replace(w, prompts=_ragged(w.prompts), outputs=_ragged(w.outputs))
+    fast = replay(flat, settings, "steps", False, monkeypatch)
+    assert fast[3] and calls == ([] if settings.hash_algo != "fast" else [int((~slow[0].result.rejected).sum())])
+    assert_same(slow, fast)
+    if calls:
+        probe = make_engine(settings, w.prompts, w.outputs).scheduler.cache
+        for i, got in keys.items():
+            seq = probe.new_sequence(str(i), w.prompts[i], w.loras[i] if w.loras else None,
+                                     w.salts[i] if w.salts else None, outputs=w.outputs[i])
+            np.testing.assert_array_equal(got, probe.keys[seq.off:seq.off + len(got)], err_msg=str(i))
 
 
 def test_the_cases_preempt_and_take_decode_runs(monkeypatch):

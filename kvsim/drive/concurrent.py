@@ -17,7 +17,7 @@ import numpy as np
 from kvsim.errors import ConfigError
 from kvsim.io.trace.columns import Trace
 from kvsim.engines.options import SimOptions
-from kvsim.drive.requests import output_token_arrays
+from kvsim.drive.requests import Ragged, output_token_arrays
 from kvsim.drive.clock import Releases
 from kvsim.engines.base import StepResult
 from kvsim.drive.timed import PERCENTILES, TimedResult, make_engine, without_prefix_caching
@@ -152,10 +152,9 @@ def check_supported(policies: list[str], options: SimOptions) -> None:
 def engine_inputs(trace: Trace) -> dict[str, Any]:
     """Per-request arrays the scheduler models take, from the trace."""
     out, off = output_token_arrays(trace)
-    n = len(trace)
     return {
-        "prompts": [trace.prompt(i) for i in range(n)],
-        "outputs": [out[off[i]:off[i + 1]] for i in range(n)],
+        "prompts": Ragged(trace.require_tokens(), trace.offsets),
+        "outputs": Ragged(out, off),
         "loras": trace.names("lora"),
         "salts": trace.names("cache_salt"),
         "prompt_logprobs": np.asarray(trace.prompt_logprobs, bool),

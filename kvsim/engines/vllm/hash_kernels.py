@@ -61,6 +61,25 @@ def fast_hash_sequence(tokens, start_block, num_blocks, block_size, parent, ever
         out[j] = h
 
 
+@njit(cache=True, inline="always")
+def _hash_request(prompt_tok, p0, plen, out_tok, o0, num_blocks, block_size, every_key, first_key, out, k0):
+    """The first ``num_blocks`` block keys of one request's prompt (``plen`` tokens of
+    ``prompt_tok`` from ``p0``) followed by its outputs (``out_tok`` from ``o0``), to ``out[k0:]``."""
+    h = np.uint64(FAST_ROOT)
+    ek, fk = np.uint64(every_key), np.uint64(first_key)
+    for j in range(num_blocks):
+        acc = block_start(h, ek, fk if j == 0 else np.uint64(0))
+        base = j * block_size
+        for k in range(block_size):
+            pos = base + k
+            if pos < plen:
+                acc = block_token(acc, prompt_tok[p0 + pos], k)
+            else:
+                acc = block_token(acc, out_tok[o0 + pos - plen], k)
+        h = block_end(acc, block_size)
+        out[k0 + j] = h
+
+
 @njit(cache=True)
 def fast_hash_requests(prompt_tok, prompt_off, out_tok, out_off, num_blocks, block_size,
                        every_keys, first_keys, hash_off, out):
@@ -69,24 +88,19 @@ def fast_hash_requests(prompt_tok, prompt_off, out_tok, out_off, num_blocks, blo
     Request i's sequence is its prompt followed by its output tokens; its hashes go to
     ``out[hash_off[i]:hash_off[i+1]]``.
     """
-    n = len(num_blocks)
-    for i in range(n):
-        p0 = prompt_off[i]
-        plen = prompt_off[i + 1] - p0
-        o0 = out_off[i]
-        h = np.uint64(FAST_ROOT)
-        ek = np.uint64(every_keys[i])
-        fk = np.uint64(first_keys[i])
-        for j in range(num_blocks[i]):
-            acc = block_start(h, ek, fk if j == 0 else np.uint64(0))
-            base = j * block_size
-            for k in range(block_size):
-                pos = base + k
-                if pos < plen:
-                    acc = block_token(acc, prompt_tok[p0 + pos], k)
-                else:
-                    acc = block_token(acc, out_tok[o0 + pos - plen], k)
-            h = block_end(acc, block_size)
-            out[hash_off[i] + j] = h
+    for i in range(len(num_blocks)):
+        _hash_request(prompt_tok, prompt_off[i], prompt_off[i + 1] - prompt_off[i], out_tok, out_off[i],
+                      num_blocks[i], block_size, every_keys[i], first_keys[i], out, hash_off[i])
 
 
+@njit(cache=True)
+def hash_requests(prompt_tok, prompt_start, prompt_len, out_tok, out_start, out_len, block_size, every_keys,
+                  first_keys, key_start, out):
+    """Fast hashes of every full block of each request's prompt + outputs (request i: the
+    ``prompt_len[i]`` tokens of ``prompt_tok`` from ``prompt_start[i]``, then ``out_len[i]`` of
+    ``out_tok`` from ``out_start[i]``), to ``out[key_start[i]:]``: the keys
+    :func:`fast_hash_sequence` gives the sequence block by block."""
+    for i in range(len(prompt_len)):
+        _hash_request(prompt_tok, prompt_start[i], prompt_len[i], out_tok, out_start[i],
+                      (prompt_len[i] + out_len[i]) // block_size, block_size, every_keys[i], first_keys[i], out,
+                      key_start[i])

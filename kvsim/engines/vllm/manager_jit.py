@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit
 
 from kvsim.engines.vllm import hashing, rules
-from kvsim.engines.vllm.hash_kernels import fast_hash_sequence
+from kvsim.engines.vllm.hash_kernels import fast_hash_sequence, hash_requests
 from kvsim.engines.vllm.hashing import BlockHasher
 from kvsim.engines.vllm.manager import Sequence
 from kvsim.engines.vllm.rules import fits_ever_jit, kept_blocks_jit, lookup_cap_blocks_jit, peak_blocks_jit
@@ -484,6 +484,31 @@ class JitKVCacheManager:
             seq.exact.tokens = [int(t) for t in prompt.tolist()]
             self._exact_keys(seq, 0)
         return seq
+
+    def key_requests(self, index: np.ndarray, prompt_tok: np.ndarray, prompt_off: np.ndarray, out_tok: np.ndarray,
+                     out_off: np.ndarray, loras: list | None, salts: list | None) -> tuple[JitSequence, np.ndarray]:
+        """The keys of requests ``index`` (prompt ``prompt_tok[prompt_off[i]:prompt_off[i+1]]``,
+        then its outputs, all known: a replay's), the fast hash, in one call: the arena offset
+        of each request's keys, and the one region holding them all (release it when done).
+        Each request's keys are those :meth:`new_sequence` gives it with those outputs."""
+        B = self.block_size
+        L = (prompt_off[index + 1] - prompt_off[index]).astype(np.int64)
+        M = (out_off[index + 1] - out_off[index]).astype(np.int64)
+        caps = (L + M) // B + 2
+        region = JitSequence()
+        region.request_id, region.cap, region.cache = "", 0, self
+        self._place(region, max(int(caps.sum()), 1))
+        off = np.empty(len(index), np.int64)
+        if len(index):
+            off[0] = region.off
+            np.cumsum(caps[:-1], out=off[1:])
+            off[1:] += region.off
+        ns = [self.hasher.fast_namespace_keys(None if loras is None else loras[i], None if salts is None else salts[i])
+              for i in index.tolist()]
+        every = np.array([e for e, _ in ns], np.uint64)
+        first = np.array([f for _, f in ns], np.uint64)
+        hash_requests(prompt_tok, prompt_off[index], L, out_tok, out_off[index], M, B, every, first, off, self.keys)
+        return region, off
 
     def append(self, seq: JitSequence, token: int) -> None:
         """A sampled token joins the sequence; a block it fills is hashed at once."""

@@ -430,6 +430,35 @@ def eligible(engine, at: np.ndarray, constants) -> bool:
     return at.dtype.kind == "f" and bool(np.isfinite(at).all()) and len(constants) == 7
 
 
+def _key_requests(engine, cache: JitKVCacheManager, index: np.ndarray, q: np.ndarray) -> list:
+    """Key requests ``index``, prompt and logged outputs (the keys the readable manager gives
+    them), into ``cache``'s arenas: their offsets and whether they read the cache go to ``q``;
+    returns the arena regions to release after the replay. Prompts and outputs given as views
+    of flat arrays (:class:`kvsim.drive.requests.Ragged`) are keyed in one call."""
+    prompts, outputs = engine.prompts, engine.outputs
+    loras, salts, logprobs = engine.loras, engine.salts, engine.prompt_logprobs
+    reads = np.full(len(q), cache.enable_caching)
+    if logprobs is not None:
+        reads &= ~np.asarray(logprobs, bool)
+    if cache.hasher.algo == "fast" and hasattr(prompts, "flat") and hasattr(outputs, "flat"):
+        region, off = cache.key_requests(index, prompts.flat, prompts.offsets, outputs.flat, outputs.offsets,
+                                         loras, salts)
+        q[index, F_OFF], q[index, F_READ] = off, reads[index]
+        return [region]
+    seqs = []
+    for i in index.tolist():
+        seq = cache.new_sequence(str(i), prompts[i], None if loras is None else loras[i],
+                                 None if salts is None else salts[i], outputs=outputs[i],
+                                 skip_reading_prefix_cache=logprobs is not None and bool(logprobs[i]))
+        if seq.exact is not None:       # exact digests: the outputs' blocks hashed now
+            cache.append_many(seq, np.asarray(outputs[i]))
+        q[i, F_READ] = int(reads[i])
+        seqs.append((i, seq))
+    for i, seq in seqs:                 # (the arenas may have moved while they filled)
+        q[i, F_OFF] = seq.off
+    return [seq for _, seq in seqs]
+
+
 def replay(engine, at, constants=None, progress=None):
     """Run ``engine``'s whole replay compiled, releases ``at`` (step numbers, or seconds with the
     roofline ``constants``): (the clock at the end, steps, step starts, step ends, released,
@@ -446,19 +475,7 @@ def replay(engine, at, constants=None, progress=None):
     rejected = ~rules.fits_ever(L, M, B, s.num_gpu_blocks)       # never scheduled (§1)
     q = np.zeros((n, NUM_FIELDS), np.int64)
     q[:, F_L], q[:, F_M], q[:, F_NTOK], q[:, F_OPEN] = L, M, L, 1
-    seqs = []
-    loras, salts, logprobs = engine.loras, engine.salts, engine.prompt_logprobs
-    for i in np.flatnonzero(~rejected).tolist():
-        # the request's keys, prompt and logged outputs: those the readable manager gives them
-        seq = cache.new_sequence(str(i), engine.prompts[i], None if loras is None else loras[i],
-                                 None if salts is None else salts[i], outputs=engine.outputs[i],
-                                 skip_reading_prefix_cache=logprobs is not None and bool(logprobs[i]))
-        if seq.exact is not None:       # exact digests: the outputs' blocks hashed now
-            cache.append_many(seq, np.asarray(engine.outputs[i]))
-        q[i, F_READ] = int(cache.enable_caching and not seq.skip_read)
-        seqs.append((i, seq))
-    for i, seq in seqs:                 # (the arenas may have moved while they filled)
-        q[i, F_OFF] = seq.off
+    seqs = _key_requests(engine, cache, np.flatnonzero(~rejected), q)
     cfg = np.zeros(NUM_CFG, np.int64)
     cfg[C_B], cfg[C_SEQS], cfg[C_TOKENS] = B, s.max_num_seqs, s.max_num_batched_tokens
     cfg[C_THRESHOLD], cfg[C_ASYNC] = s.long_prefill_token_threshold, int(s.async_scheduling)
@@ -492,7 +509,7 @@ def replay(engine, at, constants=None, progress=None):
             progress(int(sc[S_NFIN]) + skipped)
         if timed and len(start) < sc[S_STEP] + SLICE_STEPS:     # room for the next slice
             start, end = (np.concatenate([a, np.zeros(len(a))]) for a in (start, end))
-    for _, seq in seqs:
+    for seq in seqs:
         seq.num_blocks = seq.num_cached = 0
         seq.allocated = False
         cache.release(seq)
