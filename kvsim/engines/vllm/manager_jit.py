@@ -490,7 +490,8 @@ class JitKVCacheManager:
         """The keys of requests ``index`` (prompt ``prompt_tok[prompt_off[i]:prompt_off[i+1]]``,
         then its outputs, all known: a replay's), the fast hash, in one call: the arena offset
         of each request's keys, and the one region holding them all (release it when done).
-        Each request's keys are those :meth:`new_sequence` gives it with those outputs."""
+        Each request's keys are those :meth:`new_sequence` gives it with those outputs; without
+        prefix caching nothing reads them, and none are computed."""
         B = self.block_size
         L = (prompt_off[index + 1] - prompt_off[index]).astype(np.int64)
         M = (out_off[index + 1] - out_off[index]).astype(np.int64)
@@ -503,6 +504,8 @@ class JitKVCacheManager:
             off[0] = region.off
             np.cumsum(caps[:-1], out=off[1:])
             off[1:] += region.off
+        if not self.enable_caching:
+            return region, off
         ns = [self.hasher.fast_namespace_keys(None if loras is None else loras[i], None if salts is None else salts[i])
               for i in index.tolist()]
         every = np.array([e for e, _ in ns], np.uint64)
