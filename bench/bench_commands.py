@@ -4,7 +4,9 @@ Inputs are generated into a temporary folder (deterministic, deleted at the end)
 ``bench_ingest.py`` builds them: ``tokens.jsonl``, the first ``--requests`` (1,000) Mooncake
 conversation requests as a token-id log (the tokens kvsim synthesizes from the hash ids in a
 128K vocabulary, seeded output ids of the logged lengths); ``chat.jsonl``, ``kvsim generate
-support_chat --sessions 800 --turns 8`` (multi-turn, every turn resends the history);
+support_chat --sessions 800 --turns 8`` (multi-turn, every turn resends the history; 48.5 MB;
+``--chat-shape 285x17`` gives the shape of the log the issue measured: 56.7 MB, 4,839
+requests, 10.4M prompt tokens);
 ``hash_ids.jsonl``, the same 1,000 Mooncake requests as hash ids; the first megabyte of each
 (start-up: the same compiled paths on a small log) and the first line.
 
@@ -46,6 +48,7 @@ Sections (``--only``, comma-separated; default all but ``first_run``):
     .venv/bin/python bench/bench_commands.py --only first_run --fresh-venv /tmp/kvsim-fresh
     .venv/bin/python bench/bench_commands.py --only phases --baseline /tmp/kvsim-before  # old code in turn
     .venv/bin/python bench/bench_commands.py --only chat --runs 9 --baseline /tmp/kvsim-before
+    .venv/bin/python bench/bench_commands.py --only chat --runs 7 --chat-shape 285x17
 """
 from __future__ import annotations
 
@@ -72,13 +75,14 @@ SECTIONS = ("phases", "engines", "chat", "second", "report", "first_run")
 
 
 # -- inputs ----------------------------------------------------------------------------------
-def make_inputs(tmp: Path, requests: int) -> dict:
+def make_inputs(tmp: Path, requests: int, chat_shape: str = "800x8") -> dict:
     files: dict = {"dir": tmp}
+    sessions, turns = chat_shape.split("x")
     files["tokens"] = tmp / "tokens.jsonl"
     files["tokens_info"] = bench_ingest.write_tokens_log(files["tokens"], requests)
     files["tokens_small"] = bench_ingest.first_megabyte(files["tokens"], tmp / "tokens_small.jsonl")
     files["chat"] = tmp / "chat.jsonl"
-    subprocess.run([*KVSIM, "generate", "support_chat", "-o", str(files["chat"]), "--sessions", "800", "--turns", "8",
+    subprocess.run([*KVSIM, "generate", "support_chat", "-o", str(files["chat"]), "--sessions", sessions, "--turns", turns,
                     "--force"], check=True, stdout=subprocess.DEVNULL)
     files["chat_small"] = bench_ingest.first_megabyte(files["chat"], tmp / "chat_small.jsonl")
     files["chat_one"] = bench_ingest.first_line(files["chat"], tmp / "chat_one.jsonl")
@@ -419,6 +423,8 @@ def main() -> None:
                     help=f"sections, of {', '.join(SECTIONS)}")
     ap.add_argument("--command", help="phases: only the commands whose name holds this text")
     ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--chat-shape", default="800x8", help="the chat log: support_chat SESSIONSxTURNS (285x17: the "
+                    "issue's 58 MB log's shape, 4,839 requests, 10.4M prompt tokens)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--real-runs", type=int, default=1, help="runs of the real engines (engines)")
     ap.add_argument("--fresh-venv", type=Path, default=Path("/tmp/kvsim-fresh-venv"))
@@ -431,7 +437,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kvsim-bench-commands-") as d:
         tmp = Path(d)
         env = {"KVSIM_CACHE_DIR": str(tmp / "cache")}  # never the user's trace cache
-        files = make_inputs(tmp, args.requests)
+        files = make_inputs(tmp, args.requests, args.chat_shape)
         results["inputs"] = {k: v.stat().st_size for k, v in files.items() if isinstance(v, Path) and v.is_file()}
         results["tokens_log"] = files["tokens_info"]
         baseline = {"PYTHONPATH": str(args.baseline.resolve())} if args.baseline else None
