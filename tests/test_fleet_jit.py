@@ -33,6 +33,7 @@ from kvsim.fleet.clock import run_fleet
 from kvsim.fleet.concurrent import fleet_frame, run_fleet_concurrent
 from kvsim.fleet.config import FleetSpec
 from kvsim.fleet.routers import ROUTERS, make_router
+from kvsim.drive.requests import Ragged
 from kvsim.models import get_model
 
 BURSTY = dict(burst=(5, 40), gap=12.0)
@@ -75,14 +76,23 @@ def workload(seed, knobs, B, factor, extra, n=160):
     return w, VllmSchedSettings(num_gpu_blocks=int(factor * int(need.max())) + 1, block_size=B, **extra)
 
 
-def fleet(w, settings, replicas, router_name, options, clock, readable, monkeypatch, seed=0):
-    """(result, fleet timeline, router, whether the compiled fleet ran)."""
+def _ragged(arrays) -> Ragged:
+    """``arrays`` as views of one flat array, as the CLI hands a trace's prompts to the engines."""
+    offsets = np.zeros(len(arrays) + 1, np.int64)
+    offsets[1:] = np.cumsum([len(a) for a in arrays])
+    return Ragged(np.concatenate([np.asarray(a, np.int64) for a in arrays]), offsets)
+
+
+def fleet(w, settings, replicas, router_name, options, clock, readable, monkeypatch, seed=0, flat=False):
+    """(result, fleet timeline, router, whether the compiled fleet ran); ``flat``: the engines
+    get the prompts and outputs as views of flat arrays (``Ragged``), as from the CLI."""
     monkeypatch.setenv(scheduler_jit.ENV, "readable" if readable else "compiled")
     router = make_router(router_name, replicas, options, block_size=settings.block_size, seed=seed)
     reads = router.needs_events and hasattr(router, "read_devices") and events.reads_devices(settings)
     if router.needs_events and not reads:      # engines that publish KV events (the readable manager)
         settings = events.scheduler_settings(settings)
-    engines = [make_engine(settings, w.prompts, w.outputs, None, w.loras, w.salts, w.prompt_logprobs)
+    prompts, outputs = (_ragged(w.prompts), _ragged(w.outputs)) if flat else (w.prompts, w.outputs)
+    engines = [make_engine(settings, prompts, outputs, None, w.loras, w.salts, w.prompt_logprobs)
                for _ in range(replicas)]
     drains = None
     if reads:
@@ -167,6 +177,36 @@ def test_compiled_fleet_equals_readable(seed, replicas, knobs, B, factor, extra,
     assert (r.finish_step[served] - r.first_token_step[served]).max() > 0
     if factor < 1:
         assert 0 < r.rejected.sum() < len(r.rejected)
+
+
+@pytest.mark.parametrize("router,options", [("dynamo", {}), ("dynamo", {"mode": "approx"}), ("cache_aware", {}),
+                                            ("round_robin", {})], ids=["dynamo", "dynamo-approx", "cache_aware", "rr"])
+@pytest.mark.parametrize("seed, replicas, knobs, B, factor, extra", CASES, ids=[f"seed{c[0]}" for c in CASES])
+def test_a_flat_log_is_keyed_once_for_the_fleet(seed, replicas, knobs, B, factor, extra, router, options,
+                                                monkeypatch):
+    """Prompts and outputs as views of flat arrays: the compiled fleet keys every request once
+    (``LogKeys``), copies a routed request's keys into its replica's pool and gives the router
+    a prompt's keys as views; the fleet equals the readable one, and each view equals the
+    prompt's keys hashed (fast keys with prefix caching; sha256 keys are hashed per request)."""
+    from kvsim.engines.vllm.manager_jit import JitKVCacheManager
+
+    w, settings = workload(seed, knobs, B, factor, extra)
+    logs = []
+    monkeypatch.setattr(JitKVCacheManager, "log_keys",
+                        lambda *a, _f=JitKVCacheManager.log_keys: logs.append((a[0], _f(*a))) or logs[-1][1])
+    slow = fleet(w, settings, replicas, router, options, "timed", True, monkeypatch, seed)
+    fast = fleet(w, settings, replicas, router, options, "timed", False, monkeypatch, seed, flat=True)
+    fed = router == "dynamo" and not options and not events.reads_devices(settings)     # (readable, as above)
+    assert fast[3] == (not fed) and len(logs) == (settings.hash_algo == "fast")
+    assert_same(slow, fast)
+    for cache, log in logs:
+        for i in range(w.n):
+            keys = cache.prompt_keys(np.asarray(w.prompts[i]), w.loras[i], w.salts[i] or None, index=i)
+            assert keys.base is log.keys
+            cache.log = None
+            np.testing.assert_array_equal(keys, cache.prompt_keys(np.asarray(w.prompts[i]), w.loras[i],
+                                                                  w.salts[i] or None, index=i))
+            cache.log = log
 
 
 def test_the_cases_preempt_and_queue(monkeypatch):

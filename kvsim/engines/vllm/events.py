@@ -137,9 +137,9 @@ class DeviceBlocks:
     def __init__(self, manager) -> None:
         self.manager = manager
 
-    def keys(self, tokens: np.ndarray, lora: str | None, cache_salt: str | None) -> np.ndarray:
-        """The pool's keys of the full blocks of a prompt (uint64)."""
-        return self.manager.prompt_keys(tokens, lora, cache_salt)
+    def keys(self, tokens: np.ndarray, lora: str | None, cache_salt: str | None, index: int | None = None) -> np.ndarray:
+        """The pool's keys of the full blocks of a prompt (uint64; request ``index``'s, when given)."""
+        return self.manager.prompt_keys(tokens, lora, cache_salt, index)
 
     def prefix_blocks(self, keys: np.ndarray) -> int:
         """How many leading ``keys`` the pool holds."""

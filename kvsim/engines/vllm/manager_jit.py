@@ -18,6 +18,7 @@ request life of :mod:`kvsim.engines.vllm.sequential`) and the scheduler's manage
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
@@ -398,6 +399,31 @@ def run_unlimited(order, L, read, keys, key_off, B, tkeys, out_cached):
 _NO_HITS = np.zeros(0, np.int32)
 
 
+def _lengths(index: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    return (offsets[index + 1] - offsets[index]).astype(np.int64)
+
+
+def _starts(counts: np.ndarray) -> np.ndarray:
+    """Where each of consecutive runs of ``counts`` starts."""
+    off = np.zeros(len(counts), np.int64)
+    if len(counts):
+        np.cumsum(counts[:-1], out=off[1:])
+    return off
+
+
+@dataclass(frozen=True)
+class LogKeys:
+    """A log's requests keyed once (:meth:`JitKVCacheManager.log_keys`): request i's keys,
+    prompt then outputs, are ``keys[off[i]:off[i] + count[i]]``, the first ``prompt[i]`` its
+    prompt's full blocks (0 keys for requests left out)."""
+
+    block_size: int
+    keys: np.ndarray        # uint64
+    off: np.ndarray         # int64 (n,)
+    count: np.ndarray       # int64 (n,)
+    prompt: np.ndarray      # int64 (n,)
+
+
 class JitSequence:
     """A request as the compiled manager sees it: its arena region and its scalars."""
 
@@ -444,6 +470,7 @@ class JitKVCacheManager:
         self.keys = np.zeros(1 << 12, np.uint64)
         self._top = 0
         self._live: dict[int, JitSequence] = {}
+        self.log: LogKeys | None = None     # a fleet's requests, keyed once (prompt_keys reads it)
 
     # -- requests ----------------------------------------------------------------------
     def new_sequence(self, request_id: str, prompt: Seq[int], lora: str | None = None,
@@ -492,26 +519,47 @@ class JitKVCacheManager:
         of each request's keys, and the one region holding them all (release it when done).
         Each request's keys are those :meth:`new_sequence` gives it with those outputs; without
         prefix caching nothing reads them, and none are computed."""
-        B = self.block_size
-        L = (prompt_off[index + 1] - prompt_off[index]).astype(np.int64)
-        M = (out_off[index + 1] - out_off[index]).astype(np.int64)
-        caps = (L + M) // B + 2
+        L, M = _lengths(index, prompt_off), _lengths(index, out_off)
+        caps = (L + M) // self.block_size + 2
         region = JitSequence()
         region.request_id, region.cap, region.cache = "", 0, self
         self._place(region, max(int(caps.sum()), 1))
-        off = np.empty(len(index), np.int64)
-        if len(index):
-            off[0] = region.off
-            np.cumsum(caps[:-1], out=off[1:])
-            off[1:] += region.off
-        if not self.enable_caching:
-            return region, off
+        off = _starts(caps) + region.off
+        if self.enable_caching:
+            self._hash_requests(index, prompt_tok, prompt_off, L, out_tok, out_off, M, loras, salts, off, self.keys)
+        return region, off
+
+    def log_keys(self, index: np.ndarray, prompt_tok: np.ndarray, prompt_off: np.ndarray, out_tok: np.ndarray,
+                 out_off: np.ndarray, loras: list | None, salts: list | None) -> LogKeys:
+        """:meth:`key_requests` into arrays of their own (a fleet's requests, keyed once for
+        every replica and the router: :meth:`place_keys`, :meth:`prompt_keys`)."""
+        L, M = _lengths(index, prompt_off), _lengths(index, out_off)
+        B = self.block_size
+        counts = np.zeros(len(prompt_off) - 1, np.int64)
+        counts[index] = (L + M) // B
+        off = _starts(counts)
+        keys = np.zeros(int(counts.sum()), np.uint64)
+        self._hash_requests(index, prompt_tok, prompt_off, L, out_tok, out_off, M, loras, salts, off[index], keys)
+        prompt = np.zeros(len(counts), np.int64)
+        prompt[index] = L // B
+        return LogKeys(B, keys, off, counts, prompt)
+
+    def _hash_requests(self, index, prompt_tok, prompt_off, L, out_tok, out_off, M, loras, salts, starts, out) -> None:
         ns = [self.hasher.fast_namespace_keys(None if loras is None else loras[i], None if salts is None else salts[i])
               for i in index.tolist()]
         every = np.array([e for e, _ in ns], np.uint64)
         first = np.array([f for _, f in ns], np.uint64)
-        hash_requests(prompt_tok, prompt_off[index], L, out_tok, out_off[index], M, B, every, first, off, self.keys)
-        return region, off
+        hash_requests(prompt_tok, prompt_off[index], L, out_tok, out_off[index], M, self.block_size, every, first,
+                      starts, out)
+
+    def place_keys(self, keys: np.ndarray, cap: int) -> JitSequence:
+        """A request whose keys are known (a :class:`LogKeys` view): a region of ``cap`` blocks
+        holding them, as :meth:`new_sequence` would place and key it."""
+        seq = JitSequence()
+        seq.request_id, seq.cap, seq.cache = "", 0, self
+        self._place(seq, cap)
+        self.keys[seq.off:seq.off + len(keys)] = keys
+        return seq
 
     def append(self, seq: JitSequence, token: int) -> None:
         """A sampled token joins the sequence; a block it fills is hashed at once."""
@@ -616,8 +664,14 @@ class JitKVCacheManager:
         self._live.pop(id(seq), None)
 
     # -- what a router reads (kvsim.engines.vllm.events.DeviceBlocks) ------------------
-    def prompt_keys(self, tokens: np.ndarray, lora: str | None = None, cache_salt: str | None = None) -> np.ndarray:
-        """The keys this pool gives the full blocks of ``tokens`` (the fast hash)."""
+    def prompt_keys(self, tokens: np.ndarray, lora: str | None = None, cache_salt: str | None = None,
+                    index: int | None = None) -> np.ndarray:
+        """The keys this pool gives the full blocks of ``tokens`` (the fast hash); of request
+        ``index``'s prompt, a view of the fleet's :class:`LogKeys` where it was keyed once."""
+        log = self.log
+        if index is not None and log is not None and log.block_size == self.block_size:
+            o = log.off[index]
+            return log.keys[o:o + log.prompt[index]]
         B = self.block_size
         every, first = self.hasher.fast_namespace_keys(lora, cache_salt)
         out = np.zeros(len(tokens) // B, np.uint64)

@@ -565,17 +565,22 @@ class FleetReplica:
         self.live: dict[int, object] = {}               # routed, not finished: the request's sequence
 
     def route(self, i: int) -> None:
-        """Request ``i`` reaches this replica (released at ``at[i]``, after those routed before)."""
+        """Request ``i`` reaches this replica (released at ``at[i]``, after those routed before):
+        keyed in its pool's arenas (copied from the fleet's :class:`LogKeys` where it has them)."""
         e, cache, q = self.engine, self.cache, self.q
         if not self.rejected[i]:
-            tbl = cache.tbl
-            seq = cache.new_sequence(str(i), e.prompts[i], None if e.loras is None else e.loras[i],
-                                     None if e.salts is None else e.salts[i], outputs=e.outputs[i],
-                                     skip_reading_prefix_cache=e.prompt_logprobs is not None
-                                     and bool(e.prompt_logprobs[i]))
-            if seq.exact is not None:       # exact digests: the outputs' blocks hashed now
-                cache.append_many(seq, np.asarray(e.outputs[i]))
-            q[i, F_READ] = int(cache.enable_caching and not seq.skip_read)
+            tbl, log = cache.tbl, cache.log
+            skip = e.prompt_logprobs is not None and bool(e.prompt_logprobs[i])
+            if log is not None:
+                o = log.off[i]
+                seq = cache.place_keys(log.keys[o:o + log.count[i]], (q[i, F_L] + q[i, F_M]) // log.block_size + 2)
+            else:
+                seq = cache.new_sequence(str(i), e.prompts[i], None if e.loras is None else e.loras[i],
+                                         None if e.salts is None else e.salts[i], outputs=e.outputs[i],
+                                         skip_reading_prefix_cache=skip)
+                if seq.exact is not None:   # exact digests: the outputs' blocks hashed now
+                    cache.append_many(seq, np.asarray(e.outputs[i]))
+            q[i, F_READ] = int(cache.enable_caching and not skip)
             self.live[i] = seq
             if cache.tbl is tbl:
                 q[i, F_OFF] = seq.off
@@ -648,4 +653,12 @@ def fleet(engines, at, constants=None) -> list[FleetReplica] | None:
     res[R_OUTPUT] = res[R_PREEMPT] = 0
     shared = (q, k, np.asarray(at).astype(np.float64), rejected, np.zeros(most, np.int32), res, np.full(n, np.nan),
               np.full(n, np.nan), np.zeros(n, np.int64), np.zeros(n, np.int64))
+    cache, prompts, outputs = first_engine.scheduler.cache, first_engine.prompts, first_engine.outputs
+    if cache.hasher.algo == "fast" and hasattr(prompts, "flat") and hasattr(outputs, "flat"):
+        # every request keyed once, for whichever replica it is routed to and for the router
+        # (which routes those that never fit too, and keys prompts without prefix caching too)
+        log = cache.log_keys(np.arange(n), prompts.flat, prompts.offsets, outputs.flat, outputs.offsets,
+                             first_engine.loras, first_engine.salts)
+        for e in engines:
+            e.scheduler.cache.log = log
     return [FleetReplica(e, shared, constants is not None) for e in engines]
