@@ -11,9 +11,9 @@ import sys
 HEAVY = ("numpy", "pandas", "numba", "matplotlib", "torch", "pyarrow", "tiktoken", "jinja2", "ray", "pydantic")
 
 
-def imported_by(args: list[str]) -> set[str]:
+def imported_by(args: list[str], watch: tuple[str, ...] = HEAVY) -> set[str]:
     code = ("import sys\nfrom kvsim.cli import run\nrun(sys.argv[1:])\n"
-            f"print('IMPORTED', [m for m in {HEAVY!r} if m in sys.modules])")
+            f"print('IMPORTED', [m for m in {watch!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True).stdout
     line = next(x for x in out.splitlines() if x.startswith("IMPORTED"))
     return set(json.loads(line.split(" ", 1)[1].replace("'", '"')))
@@ -49,3 +49,17 @@ def test_inspect_of_a_large_chat_log_loads_no_compiled_code(tmp_path):
     assert done.returncode == 0, done.stderr
     assert log.stat().st_size > 1 << 20
     assert imported_by(["--no-trace-cache", "inspect", str(log)]) == {"numpy", "tiktoken"}
+
+
+def test_fleets_and_timed_replays_import_no_offload_tier(tmp_path):
+    """The offload tiers' modules are imported only with ``--offload`` (not by a fleet's bounds,
+    which build the sequential engine, nor by a timed replay)."""
+    log = tmp_path / "few.jsonl"
+    log.write_text("".join(f'{{"prompt_token_ids": {list(range(i, i + 40))}, "output_token_ids": [7, 8], '
+                           f'"timestamp": {i}}}\n' for i in range(6)))
+    tiers = ("kvsim.tiers", "kvsim.tiers.setup")
+    base = ["--no-trace-cache", "simulate", "--replay", "timed", "--model", "llama-3-8b", "--gpu", "H100-80GB",
+            "--num-gpu-blocks", "200", str(log)]
+    assert imported_by(base, tiers) == set()
+    assert imported_by([*base, "--replicas", "2", "--router", "dynamo"], tiers) == set()
+    assert imported_by([*base, "--offload", "native", "--offload-size", "1000"], tiers) == set(tiers)

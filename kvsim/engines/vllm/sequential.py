@@ -41,7 +41,13 @@ from kvsim.engines.vllm import hashing, rules
 from kvsim.engines.vllm.manager import KVCacheManager, PoolState, Sequence
 from kvsim.engines.vllm.settings import APCSettings
 from kvsim.errors import ConfigError
-from kvsim.tiers.setup import SequentialTier
+
+
+def _tier(settings: APCSettings):
+    """The offload tier under the pool (its modules imported only with ``--offload``)."""
+    from kvsim.tiers.setup import SequentialTier
+
+    return SequentialTier(settings.offload, settings.block_size)
 
 
 class APCReference(PrefixCache):
@@ -70,7 +76,7 @@ class APCReference(PrefixCache):
         self.queries = 0   # vLLM prefix_cache_queries (tokens), as the metric counts them
         self.hits = 0      # vLLM prefix_cache_hits (tokens)
         self._seqs: dict[str, Sequence] = {}
-        self.tier = None if settings.offload is None else SequentialTier(settings.offload, settings.block_size)
+        self.tier = None if settings.offload is None else _tier(settings)
 
     @classmethod
     def for_workload(cls, settings: APCSettings, work) -> "APCReference":
@@ -290,7 +296,7 @@ class APCFast(SequentialCache):
         self._tbl = np.zeros(1, np.int32)
         self._hits = np.zeros(1, np.int32)
         self._peak_in_use = np.zeros(1, np.int64)
-        self.tier = None if settings.offload is None else SequentialTier(settings.offload, settings.block_size)
+        self.tier = None if settings.offload is None else _tier(settings)
 
     def _lora_salt(self, lora: list, salt: list) -> tuple[list, list]:
         paths = self.settings.lora_paths
