@@ -149,6 +149,70 @@ def test_bounds_equal_the_shares_replayed_one_by_one(seed):
     assert hits >= 4                          # the shares share prefixes: the cache is used
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_bounds_take_the_fleets_keys_where_they_are_the_same(seed, monkeypatch):
+    """A fleet's replay keys the log once (``LogKeys``); its bounds take their keys from it (each
+    request's kept blocks, the first of its log keys) instead of hashing the log again: the same
+    keyed workload as hashing it (namespaces, prompt logprobs, requests of a block or less, block
+    sizes), and a log of another block size, another hash or other namespace keys is not used."""
+    from kvsim.drive.requests import workload as flat_workload
+    from kvsim.engines.vllm.manager_jit import JitKVCacheManager
+    from kvsim.engines.vllm.sequential import APCFast, fast_namespace_keys, keyed_from_log
+    from kvsim.engines.vllm.settings import APCSettings
+    from kvsim.engines.vllm import rules
+
+    rng = np.random.default_rng(700 + seed)
+    base = workload(seed, n=120, vocab=50)
+    n = len(base)
+    prompts = [base.prompt(i)[:int(rng.integers(0, 3))] if rng.random() < 0.1 else base.prompt(i) for i in range(n)]
+    t = Trace.from_prompts(prompts, outputs=[rng.integers(0, 400, rng.integers(1, 40)) for _ in range(n)],
+                           loras=[None if rng.random() < 0.6 else f"l{rng.integers(2)}" for _ in range(n)],
+                           cache_salts=[None if rng.random() < 0.7 else f"s{rng.integers(2)}" for _ in range(n)],
+                           prompt_logprobs=list(rng.random(n) < 0.15))
+    work = flat_workload(t)
+    B = int(rng.choice([1, 4, 16]))
+    log = JitKVCacheManager(64, B).log_keys(np.arange(n), work.prompt_tokens, work.prompt_offsets, work.output_tokens,
+                                            work.output_offsets, t.names("lora"), t.names("cache_salt"))
+    engine = APCFast(APCSettings(block_size=B))
+    hashed = engine.workload(work)
+    L, M = hashed.prompt_len, hashed.output_len
+    every, first = fast_namespace_keys(*engine._lora_salt(work.lora, work.cache_salt))
+    taken = keyed_from_log(L, M, rules.reads_cache(work.prompt_logprobs), every, first, B, log)
+    for name in ("prompt_len", "output_len", "read", "keys", "key_off"):
+        np.testing.assert_array_equal(getattr(taken, name), getattr(hashed, name), err_msg=name)
+    assert len(hashed.keys) > 0 and (every != 0).any() and (first != 0).any()
+    # not the same keys: hashed instead
+    assert keyed_from_log(L, M, hashed.read, every, first, B + 1, log) is None
+    assert keyed_from_log(L, M, hashed.read, every ^ np.uint64(1), first, B, log) is None
+    # through the bounds: the log's keys are taken (no hashing) and the bounds are the same
+    from kvsim.fleet.bounds import _unlimited_replayer, unlimited
+
+    opts = unlimited(SimOptions(block_size=B))
+    order, replica = rng.permutation(n), rng.integers(0, 3, n)
+    expected = bounds("apc", t, opts, replica, order)
+    monkeypatch.setattr(APCFast, "workload", lambda *a: pytest.fail("hashed the log again"))
+    assert _unlimited_replayer("apc", work, opts, log) is not None
+    got = bounds("apc", t, opts, replica, order, log)
+    assert np.array_equal(got.fleet, expected.fleet) and np.array_equal(got.routed, expected.routed)
+    assert expected.fleet.sum() > 0
+
+
+@pytest.mark.parametrize("router", ["dynamo", "round_robin"])
+def test_a_fleet_command_keys_its_log_once_for_its_bounds(router, monkeypatch):
+    """``run_fleet_concurrent`` (the CLI's fleet): the bounds take the keys the replay computed
+    (the log is not hashed again) and equal the bounds hashed on their own."""
+    from kvsim.engines.vllm.sequential import APCFast
+
+    t = workload(3, n=80, vocab=60)
+    opts = SimOptions(capacity_tokens=2000, **TIMED)
+    run = run_fleet_concurrent(t, ["apc"], opts, ReplayMode("timed"), FleetSpec(3, router))["apc"]
+    expected = bounds("apc", t, opts, run.line.replica, np.asarray(run.line.order, np.int64))
+    monkeypatch.setattr(APCFast, "workload", lambda *a: pytest.fail("hashed the log again"))
+    again = run_fleet_concurrent(t, ["apc"], opts, ReplayMode("timed"), FleetSpec(3, router))["apc"]
+    assert np.array_equal(again.bounds.fleet, expected.fleet) and np.array_equal(again.bounds.routed, expected.routed)
+    assert expected.fleet.sum() > 0
+
+
 def test_replicas_run_in_parallel_in_timed():
     """Two equal requests at once on two replicas: each is served as if alone (its own timeline)."""
     rng = np.random.default_rng(3)

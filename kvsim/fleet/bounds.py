@@ -56,29 +56,32 @@ def _cached(policy: str, trace, work, order: np.ndarray, options: SimOptions) ->
     return out
 
 
-def _unlimited_replayer(policy: str, work, options: SimOptions):
+def _unlimited_replayer(policy: str, work, options: SimOptions, keyed=None):
     """The engine's own replay of orders of ``work`` on an unlimited cache, the log keyed once
-    (``unlimited_replayer`` of its compiled sequential model), or None where it has none."""
+    (``unlimited_replayer`` of its compiled sequential model; ``keyed``: the keys the fleet's
+    replay computed, where it kept them), or None where it has none."""
     from kvsim.engines import registry
 
     spec = registry.engine(policy)
     engine = spec.implementation("fast")
     if not hasattr(engine, "unlimited_replayer"):
         return None
-    return engine(spec.settings(options)).unlimited_replayer(work)
+    return engine(spec.settings(options)).unlimited_replayer(work, keyed)
 
 
-def bounds(policy: str, trace, options: SimOptions, replica: np.ndarray, order: np.ndarray) -> Bounds:
+def bounds(policy: str, trace, options: SimOptions, replica: np.ndarray, order: np.ndarray,
+           keyed=None) -> Bounds:
     """Both bounds for a routing (``replica`` per request) and the order the replicas took them
     (the replicas' replays beside the fleet's, on another core where one is free:
-    :mod:`kvsim.drive.side`)."""
+    :mod:`kvsim.drive.side`); ``keyed``: the log's keys from the fleet's replay (the engine's
+    ``keyed_log``), used where they are the keys the bounds' replays need."""
     from kvsim.drive.side import Side
 
     opts = unlimited(options)
     order = np.asarray(order, np.int64)
     work = workload(trace)
     of = replica[order]
-    fast = _unlimited_replayer(policy, work, opts)     # (keyed here, before the child forks)
+    fast = _unlimited_replayer(policy, work, opts, keyed)     # (keyed here, before the child forks)
 
     def cached(share: np.ndarray) -> np.ndarray:
         return fast(share) if fast is not None else _cached(policy, trace, work, share, opts)

@@ -69,8 +69,9 @@ def _capacity_tokens(settings) -> int | None:
 
 def fleet_replay_once(spec, settings, fleet: FleetSpec, options: SimOptions, trace, inputs: dict[str, Any],
                       requests: RouteRequests, releases: Releases, cost, mode: ReplayMode,
-                      progress: Callable[[int], None] | None = None) -> tuple[StepResult, FleetTimeline, Router]:
-    """One pass of the fleet clock over fresh replicas and a fresh router."""
+                      progress: Callable[[int], None] | None = None) -> tuple[StepResult, FleetTimeline, Router, Any]:
+    """One pass of the fleet clock over fresh replicas and a fresh router; with the log's keys
+    the replicas computed once, where their engine keeps them (``keyed_log``; else None)."""
     router = checked_router(fleet, spec, options, trace)
     drains = reads = None
     if router.needs_events:
@@ -85,7 +86,7 @@ def fleet_replay_once(spec, settings, fleet: FleetSpec, options: SimOptions, tra
         drains = [kv.record(e) for e in engines]
     result, line = run_fleet(engines, router, requests, releases, cost, mode.step_seconds, drains, progress)
     result.steps = max(line.clocks) if cost is None else sum(line.steps)
-    return result, line, router
+    return result, line, router, getattr(engines[0], "keyed_log", None)
 
 
 def fleet_timed(result: StepResult, line: FleetTimeline) -> TimedResult:
@@ -138,7 +139,7 @@ def run_fleet_concurrent(trace, policies: list[str], options: SimOptions, mode: 
                          fleet_timed(*once(s, "without prefix caching" if here else None)[:2]))
                     if cost is not None else None)
         with uncached or nullcontext():   # (stopped if the main replay fails)
-            result, line, router = once(settings, f"replaying {mode.mode}")
+            result, line, router, keyed = once(settings, f"replaying {mode.mode}")
             r = FleetRun(policy, spec.family, mode.mode, settings, note, result, line.released, fleet=fleet,
                          line=line, router=router)
             if uncached is not None:
@@ -146,7 +147,7 @@ def run_fleet_concurrent(trace, policies: list[str], options: SimOptions, mode: 
                 r.uncached = uncached.result()
                 r.cost = cost.describe()
         if with_bounds:
-            r.bounds = bounds(policy, trace, options, line.replica, np.asarray(line.order, np.int64))
+            r.bounds = bounds(policy, trace, options, line.replica, np.asarray(line.order, np.int64), keyed)
         r.elapsed_s = time.perf_counter() - t0
         runs[policy] = r
     return runs

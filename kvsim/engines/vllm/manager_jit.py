@@ -422,6 +422,8 @@ class LogKeys:
     off: np.ndarray         # int64 (n,)
     count: np.ndarray       # int64 (n,)
     prompt: np.ndarray      # int64 (n,)
+    every: np.ndarray       # uint64 (n,): each request's namespace keys (LoRA, on every block;
+    first: np.ndarray       # uint64 (n,): salt, on block 0), what its keys were hashed under
 
 
 class JitSequence:
@@ -526,7 +528,9 @@ class JitKVCacheManager:
         self._place(region, max(int(caps.sum()), 1))
         off = _starts(caps) + region.off
         if self.enable_caching:
-            self._hash_requests(index, prompt_tok, prompt_off, L, out_tok, out_off, M, loras, salts, off, self.keys)
+            every, first = self._namespace_keys(index, loras, salts)
+            hash_requests(prompt_tok, prompt_off[index], L, out_tok, out_off[index], M, self.block_size, every, first,
+                          off, self.keys)
         return region, off
 
     def log_keys(self, index: np.ndarray, prompt_tok: np.ndarray, prompt_off: np.ndarray, out_tok: np.ndarray,
@@ -539,18 +543,18 @@ class JitKVCacheManager:
         counts[index] = (L + M) // B
         off = _starts(counts)
         keys = np.zeros(int(counts.sum()), np.uint64)
-        self._hash_requests(index, prompt_tok, prompt_off, L, out_tok, out_off, M, loras, salts, off[index], keys)
+        every, first = self._namespace_keys(index, loras, salts)
+        hash_requests(prompt_tok, prompt_off[index], L, out_tok, out_off[index], M, B, every, first, off[index], keys)
         prompt = np.zeros(len(counts), np.int64)
         prompt[index] = L // B
-        return LogKeys(B, keys, off, counts, prompt)
+        all_every, all_first = np.zeros(len(counts), np.uint64), np.zeros(len(counts), np.uint64)
+        all_every[index], all_first[index] = every, first
+        return LogKeys(B, keys, off, counts, prompt, all_every, all_first)
 
-    def _hash_requests(self, index, prompt_tok, prompt_off, L, out_tok, out_off, M, loras, salts, starts, out) -> None:
+    def _namespace_keys(self, index: np.ndarray, loras: list | None, salts: list | None) -> tuple[np.ndarray, np.ndarray]:
         ns = [self.hasher.fast_namespace_keys(None if loras is None else loras[i], None if salts is None else salts[i])
               for i in index.tolist()]
-        every = np.array([e for e, _ in ns], np.uint64)
-        first = np.array([f for _, f in ns], np.uint64)
-        hash_requests(prompt_tok, prompt_off[index], L, out_tok, out_off[index], M, self.block_size, every, first,
-                      starts, out)
+        return np.array([e for e, _ in ns], np.uint64), np.array([f for _, f in ns], np.uint64)
 
     def place_keys(self, keys: np.ndarray, cap: int) -> JitSequence:
         """A request whose keys are known (a :class:`LogKeys` view): a region of ``cap`` blocks

@@ -508,6 +508,12 @@ class VllmEngine:
 
         return scheduler_jit.fleet(engines, at, constants)
 
+    @property
+    def keyed_log(self):
+        """The log's block keys, computed once for a fleet of these replicas
+        (``manager_jit.LogKeys``; a fleet's bounds reuse them), or None."""
+        return getattr(self.scheduler.cache, "log", None)
+
     def load(self) -> tuple[int, int, float]:
         """What a router polls: waiting and running requests, and ``kv_cache_usage_perc``
         (1 - free / usable blocks, docs/engines/apc.md §5.2)."""

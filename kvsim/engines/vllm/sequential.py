@@ -240,6 +240,32 @@ class KeyedWorkload:
         return rules.peak_blocks(self.prompt_len, self.output_len, self.block_size)
 
 
+def fast_namespace_keys(lora: list[tuple[str, str] | None], salt: list[str | None]) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's fast-hash namespace keys (LoRA, on every block; salt, on block 0), uint64."""
+    every = np.array([0 if ns is None else hashing.namespace_key("lora", *ns) for ns in lora], np.uint64)
+    first = np.array([hashing.namespace_key("cache_salt", s) if s else 0 for s in salt], np.uint64)
+    return every, first
+
+
+def keyed_from_log(L: np.ndarray, M: np.ndarray, read: np.ndarray, every: np.ndarray, first: np.ndarray,
+                   block_size: int, log) -> KeyedWorkload | None:
+    """The :class:`KeyedWorkload` of requests (``L``, ``M``, ``read``) whose keys a fleet's
+    ``log`` (``manager_jit.LogKeys``: prompt then outputs, the fast hash) already holds: each
+    request's kept blocks are the first of its log keys. None unless the log was hashed with
+    this block size and these namespace keys (then the caller hashes)."""
+    n = len(L)
+    if log.block_size != block_size or len(log.off) != n or not (
+            np.array_equal(log.every, every) and np.array_equal(log.first, first)):
+        return None
+    nblocks = np.where(L > 0, rules.kept_blocks(L, M, block_size), 0).astype(np.int64)
+    if (nblocks > log.count).any():
+        return None
+    key_off = np.zeros(n + 1, np.int64)
+    key_off[1:] = np.cumsum(nblocks)
+    gather = np.repeat(log.off - key_off[:-1], nblocks) + np.arange(int(key_off[-1]), dtype=np.int64)
+    return KeyedWorkload(L, M, np.asarray(read, bool), log.keys[gather], key_off, block_size)
+
+
 def build_workload(prompt_tok: np.ndarray, prompt_off: np.ndarray, out_tok: np.ndarray,
                    out_off: np.ndarray, read: np.ndarray, lora: list[tuple[str, str] | None],
                    salt: list[str | None], block_size: int, algo: str = "fast",
@@ -255,8 +281,7 @@ def build_workload(prompt_tok: np.ndarray, prompt_off: np.ndarray, out_tok: np.n
     key_off[1:] = np.cumsum(nblocks)
     keys = np.zeros(int(key_off[-1]), np.uint64)
     if algo == "fast":
-        every = np.array([0 if ns is None else hashing.namespace_key("lora", *ns) for ns in lora], np.uint64)
-        first = np.array([hashing.namespace_key("cache_salt", s) if s else 0 for s in salt], np.uint64)
+        every, first = fast_namespace_keys(lora, salt)
         hashing.fast_hash_requests(prompt_tok, prompt_off, out_tok, out_off, nblocks, block_size,
                                    every, first, key_off, keys)
     else:
@@ -350,15 +375,24 @@ class APCFast(SequentialCache):
             cols.cached_tokens[i] += external
             cols.extend_tokens[i] -= external
 
-    def unlimited_replayer(self, work: Workload) -> Callable[[np.ndarray], np.ndarray] | None:
-        """For an unlimited pool without a tier (a fleet's bounds): ``work`` keyed once, and a
+    def unlimited_replayer(self, work: Workload, log=None) -> Callable[[np.ndarray], np.ndarray] | None:
+        """For an unlimited pool without a tier (a fleet's bounds): ``work`` keyed once (taken
+        from ``log``, the fleet's ``manager_jit.LogKeys``, where it holds the same keys), and a
         function giving, for an order of its requests, each one's cached tokens when they are
         replayed one at a time in that order from an empty cache (0 for the others): what
         :meth:`replay` of that share would give, without re-keying it (``run_unlimited``).
         None for a finite pool or a tier."""
         if self.settings.num_gpu_blocks is not None or self.tier is not None:
             return None
-        kw = self.workload(work)
+        kw = None
+        if log is not None and self.settings.hash_algo == "fast":
+            L = np.diff(work.prompt_offsets).astype(np.int64)
+            M = np.maximum(np.diff(work.output_offsets).astype(np.int64), 1)
+            every, first = fast_namespace_keys(*self._lora_salt(work.lora, work.cache_salt))
+            kw = keyed_from_log(L, M, rules.reads_cache(work.prompt_logprobs), every, first, self.settings.block_size,
+                                log)
+        if kw is None:
+            kw = self.workload(work)
         jit = _jit()
 
         def cached(order: np.ndarray) -> np.ndarray:
