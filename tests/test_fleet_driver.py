@@ -157,7 +157,8 @@ def test_bounds_take_the_fleets_keys_where_they_are_the_same(seed, monkeypatch):
     sizes), and a log of another block size, another hash or other namespace keys is not used."""
     from kvsim.drive.requests import workload as flat_workload
     from kvsim.engines.vllm.manager_jit import JitKVCacheManager
-    from kvsim.engines.vllm.sequential import APCFast, fast_namespace_keys, keyed_from_log
+    from kvsim.engines.vllm.hashing import fast_namespace_arrays
+    from kvsim.engines.vllm.sequential import APCFast, keyed_from_log
     from kvsim.engines.vllm.settings import APCSettings
     from kvsim.engines.vllm import rules
 
@@ -176,7 +177,7 @@ def test_bounds_take_the_fleets_keys_where_they_are_the_same(seed, monkeypatch):
     engine = APCFast(APCSettings(block_size=B))
     hashed = engine.workload(work)
     L, M = hashed.prompt_len, hashed.output_len
-    every, first = fast_namespace_keys(*engine._lora_salt(work.lora, work.cache_salt))
+    every, first = fast_namespace_arrays(*engine._lora_salt(work.lora, work.cache_salt))
     taken = keyed_from_log(L, M, rules.reads_cache(work.prompt_logprobs), every, first, B, log)
     for name in ("prompt_len", "output_len", "read", "keys", "key_off"):
         np.testing.assert_array_equal(getattr(taken, name), getattr(hashed, name), err_msg=name)

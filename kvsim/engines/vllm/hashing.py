@@ -178,6 +178,19 @@ def namespace_key(kind: str, *parts: str) -> int:
     return int.from_bytes(digest, "little") or 1
 
 
+def fast_namespace_pair(lora_key: tuple[str, str] | None, cache_salt: str | None) -> tuple[int, int]:
+    """The fast hash's namespace keys of a request: (its LoRA's, on every block; its salt's,
+    on block 0), 0 for none (§1.3)."""
+    every = 0 if lora_key is None else namespace_key("lora", *lora_key)
+    return every, namespace_key("cache_salt", cache_salt) if cache_salt else 0
+
+
+def fast_namespace_arrays(lora_keys: Sequence, salts: Sequence) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fast_namespace_pair` of each request, as two uint64 arrays (every, first)."""
+    pairs = [fast_namespace_pair(k, s) for k, s in zip(lora_keys, salts)]
+    return np.array([e for e, _ in pairs], np.uint64), np.array([f for _, f in pairs], np.uint64)
+
+
 def fast_block_hash_py(parent: int, block: Sequence[int], every_key: int, first_key: int) -> int:
     """The fast hash of one block — the readable definition the compiled kernels follow.
 
@@ -227,9 +240,11 @@ class BlockHasher:
 
     def fast_namespace_keys(self, lora: str | None, cache_salt: str | None) -> tuple[int, int]:
         """The fast hash's namespace keys: (LoRA, on every block; salt, on block 0) (§1.3)."""
-        lora_key = self.lora_key(lora)
-        every = 0 if lora_key is None else namespace_key("lora", *lora_key)
-        return every, namespace_key("cache_salt", cache_salt) if cache_salt else 0
+        return fast_namespace_pair(self.lora_key(lora), cache_salt)
+
+    def fast_namespace_arrays(self, loras: Sequence, salts: Sequence) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`fast_namespace_keys` of each request (LoRA names, salts), as uint64 arrays."""
+        return fast_namespace_arrays([self.lora_key(lora) for lora in loras], salts)
 
     def extend(self, seq) -> None:
         """Append the hashes of blocks that became full since the last call."""

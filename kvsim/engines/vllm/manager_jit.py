@@ -552,9 +552,9 @@ class JitKVCacheManager:
         return LogKeys(B, keys, off, counts, prompt, all_every, all_first)
 
     def _namespace_keys(self, index: np.ndarray, loras: list | None, salts: list | None) -> tuple[np.ndarray, np.ndarray]:
-        ns = [self.hasher.fast_namespace_keys(None if loras is None else loras[i], None if salts is None else salts[i])
-              for i in index.tolist()]
-        return np.array([e for e, _ in ns], np.uint64), np.array([f for _, f in ns], np.uint64)
+        picked = index.tolist()
+        return self.hasher.fast_namespace_arrays([None] * len(picked) if loras is None else [loras[i] for i in picked],
+                                                 [None] * len(picked) if salts is None else [salts[i] for i in picked])
 
     def place_keys(self, keys: np.ndarray, cap: int) -> JitSequence:
         """A request whose keys are known (a :class:`LogKeys` view): a region of ``cap`` blocks

@@ -240,13 +240,6 @@ class KeyedWorkload:
         return rules.peak_blocks(self.prompt_len, self.output_len, self.block_size)
 
 
-def fast_namespace_keys(lora: list[tuple[str, str] | None], salt: list[str | None]) -> tuple[np.ndarray, np.ndarray]:
-    """Each request's fast-hash namespace keys (LoRA, on every block; salt, on block 0), uint64."""
-    every = np.array([0 if ns is None else hashing.namespace_key("lora", *ns) for ns in lora], np.uint64)
-    first = np.array([hashing.namespace_key("cache_salt", s) if s else 0 for s in salt], np.uint64)
-    return every, first
-
-
 def keyed_from_log(L: np.ndarray, M: np.ndarray, read: np.ndarray, every: np.ndarray, first: np.ndarray,
                    block_size: int, log) -> KeyedWorkload | None:
     """The :class:`KeyedWorkload` of requests (``L``, ``M``, ``read``) whose keys a fleet's
@@ -281,7 +274,7 @@ def build_workload(prompt_tok: np.ndarray, prompt_off: np.ndarray, out_tok: np.n
     key_off[1:] = np.cumsum(nblocks)
     keys = np.zeros(int(key_off[-1]), np.uint64)
     if algo == "fast":
-        every, first = fast_namespace_keys(lora, salt)
+        every, first = hashing.fast_namespace_arrays(lora, salt)
         hashing.fast_hash_requests(prompt_tok, prompt_off, out_tok, out_off, nblocks, block_size,
                                    every, first, key_off, keys)
     else:
@@ -388,7 +381,7 @@ class APCFast(SequentialCache):
         if log is not None and self.settings.hash_algo == "fast":
             L = np.diff(work.prompt_offsets).astype(np.int64)
             M = np.maximum(np.diff(work.output_offsets).astype(np.int64), 1)
-            every, first = fast_namespace_keys(*self._lora_salt(work.lora, work.cache_salt))
+            every, first = hashing.fast_namespace_arrays(*self._lora_salt(work.lora, work.cache_salt))
             kw = keyed_from_log(L, M, rules.reads_cache(work.prompt_logprobs), every, first, self.settings.block_size,
                                 log)
         if kw is None:
