@@ -7,20 +7,21 @@ load at or below one half (:func:`new_table`, :func:`grow_table`).
 """
 from __future__ import annotations
 
-import numba as nb
 import numpy as np
+
+from kvsim.kernels.jit import njit
 
 _GOLD = np.uint64(0x9E3779B97F4A7C15)
 _ZERO = np.uint64(0)
 
 
-@nb.njit(inline="always")
+@njit(inline="always")
 def home(key, mask):
     """The slot a key's probe starts at."""
     return ((key * _GOLD) >> np.uint64(20)) & mask
 
 
-@nb.njit(inline="always")
+@njit(inline="always")
 def probe(keys, key):
     """Slot holding ``key``, or the empty slot where it would go."""
     mask = np.uint64(len(keys) - 1)
@@ -32,7 +33,7 @@ def probe(keys, key):
         s = (s + np.uint64(1)) & mask
 
 
-@nb.njit(cache=True, _nrt=False)   # no reference counting: called once per key by callers' loops
+@njit(cache=True, _nrt=False)   # no reference counting: called once per key by callers' loops
 def delete(keys, vals, s):
     """Empty slot ``s``, moving later entries of its probe run back into the gap."""
     mask = np.uint64(len(keys) - 1)
@@ -53,7 +54,7 @@ def delete(keys, vals, s):
         i = j
 
 
-@nb.njit(cache=True)
+@njit(cache=True)
 def rehash(keys, vals, new_keys, new_vals):
     """Copy every entry into a (larger) empty table."""
     for s in range(len(keys)):

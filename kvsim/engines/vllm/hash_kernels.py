@@ -4,7 +4,7 @@ that importing the hashing rules does not import numba. Every kernel follows
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from kvsim.kernels.jit import njit
 
 from kvsim.engines.vllm.hashing import _F1, _F2, _P1, _P2, _P3, FAST_ROOT
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+from kvsim.kernels.jit import njit
 
 from kvsim.engines.vllm import hashing, rules
 from kvsim.engines.vllm.hash_kernels import fast_hash_sequence, hash_requests

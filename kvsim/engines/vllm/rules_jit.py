@@ -2,7 +2,7 @@
 same source (kept apart so that the rules import without numba)."""
 from __future__ import annotations
 
-from numba import njit
+from kvsim.kernels.jit import njit
 
 from kvsim.engines.vllm.rules import _fits_ever, kept_blocks, lookup_cap_blocks, peak_blocks
 

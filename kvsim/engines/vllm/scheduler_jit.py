@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from numba import njit
+from kvsim.kernels.jit import njit
 
 from kvsim.engines.vllm import rules
 from kvsim.engines.vllm.manager_jit import JitKVCacheManager, allocate, cache_full, free, lookup

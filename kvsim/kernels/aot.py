@@ -1,0 +1,272 @@
+"""Kernels compiled ahead of time into one extension module, called without importing numba.
+
+Loading numba and its cached kernels costs a command about 0.15 s before it computes
+anything: more than the whole timed replay of a thousand Mooncake requests. The kernels of
+the timed and step replays (one engine or a fleet; :data:`EXPORTS`) are therefore also
+compiled ahead of time by numba's ``pycc`` into ``prebuilt/aot/``, for the argument types
+the commands of :data:`COMMANDS` pass them. A :class:`~kvsim.kernels.jit.Kernel` called
+with exactly those types runs that copy; any other call goes to numba as before.
+
+The built module is used only while it matches what is running: the same numpy and Python,
+and the same source (a hash of each kvsim module the kernels' modules import, transitively,
+recorded at the build: an edited checkout falls back to numba until ``make venv`` builds
+again). ``KVSIM_AOT=0`` turns it off.
+
+    python -m kvsim.kernels.aot [OUT]    (default: kvsim/kernels/prebuilt/aot; make venv, the wheel)
+
+An argument check is exact, as numba's dispatch is: a compiled copy reads an array's memory
+as the type it was built for, so a wrong dtype, a non-contiguous or a read-only array must
+never reach it (:func:`checker`).
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+PACKAGE = Path(__file__).resolve().parent.parent
+FOLDER = Path(__file__).resolve().parent / "prebuilt" / "aot"
+MODULE = "kvsim_aot"
+META = "aot.json"
+ENV = "KVSIM_AOT"
+
+#: the kernels built ahead of time: everything the timed and step replays of vLLM's
+#: scheduler call, on one engine or a fleet (behind any router, Dynamo's included)
+EXPORTS = [
+    "kvsim.engines.vllm.scheduler_jit:run_replay",
+    "kvsim.engines.vllm.hash_kernels:hash_requests",
+    "kvsim.engines.vllm.manager_jit:lookup",
+    "kvsim.engines.vllm.manager_jit:run_unlimited",
+    "kvsim.kernels.multiset:_add",
+    "kvsim.kernels.multiset:_remove",
+    "kvsim.kernels.multiset:_held_prefix",
+    "kvsim.kernels.table:rehash",
+]
+
+_TIMED = ["--replay", "timed", "--model", "llama-3-8b", "--gpu", "H100-80GB", "--num-gpu-blocks", "2000"]
+#: the commands whose argument types are built (on :func:`kvsim.precompile.write_inputs`' logs)
+COMMANDS = [
+    ["simulate", *_TIMED, "--policy", "apc", "{hash_ids}"],
+    ["simulate", *_TIMED, "--policy", "apc", "{tokens}"],
+    ["simulate", "--replay", "steps", "--arrival-from", "timestamp", "--step-seconds", "0.05", "--policy", "apc",
+     "--capacity", "20000", "{tokens}"],
+    *(["simulate", *_TIMED, "--policy", "apc", "--replicas", "4", "--router", router, "{hash_ids}"]
+      for router in ("dynamo", "round_robin")),
+]
+
+
+# -- calling the built kernels --------------------------------------------------------------
+def entries(kernel) -> list:
+    """``[(fits(args), compiled function)]`` built for ``kernel``; empty without a usable build."""
+    built = _load()
+    if built is None:
+        return []
+    table, module = built
+    return [(checker(spec), getattr(module, name)) for spec, name in table.get(_name(kernel), ())]
+
+
+def _name(kernel) -> str:
+    return f"{kernel.__module__}:{kernel.__qualname__}"
+
+
+@functools.lru_cache(maxsize=1)
+def _load():
+    """The built module and its kernels' table, or None (none built, stale, or turned off)."""
+    if os.environ.get(ENV) == "0":
+        return None
+    try:
+        meta = json.loads((FOLDER / META).read_text())
+    except (OSError, ValueError):
+        return None
+    if not current(meta):
+        return None
+    spec = importlib.util.spec_from_file_location(MODULE, FOLDER / meta["file"])
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (ImportError, OSError):
+        return None
+    return meta["kernels"], module
+
+
+def current(meta: dict) -> bool:
+    """Was ``meta``'s build made for this numpy, this Python and these sources?"""
+    if meta.get("numpy") != np.__version__ or meta.get("python") != _python():
+        return False
+    return meta.get("sources") == source_hashes(meta.get("sources", {}))
+
+
+def _python() -> str:
+    return "{}.{}".format(*sys.version_info[:2]) + getattr(sys, "abiflags", "")
+
+
+def source_hashes(files) -> dict[str, str]:
+    """``{path under kvsim/: sha1 of its bytes}`` (an unreadable file: ``""``)."""
+    out = {}
+    for rel in files:
+        try:
+            out[rel] = hashlib.sha1((PACKAGE / rel).read_bytes()).hexdigest()
+        except OSError:
+            out[rel] = ""
+    return out
+
+
+def checker(spec: list):
+    """``fits(args)``: True when ``args`` are exactly the types of ``spec`` (as numba would
+    type them: arrays by dtype, dimensions, C order and writability; ints, floats, bools,
+    tuples), so that the compiled copy may read them."""
+    names: dict[str, object] = {"_nd": np.ndarray}
+    conds = [f"len(args) == {len(spec)}"]
+    for k, s in enumerate(spec):
+        conds.append(_condition(s, f"args[{k}]", names))
+    src = "def fits(args):\n    return " + " and ".join(conds) + "\n"
+    exec(compile(src, f"<kvsim aot check {spec!r:.60}>", "exec"), names)   # noqa: S102 - generated from the build's types
+    return names["fits"]
+
+
+def _condition(s: list, v: str, names: dict) -> str:
+    kind = s[0]
+    if kind == "a":                           # ["a", dtype str, ndim, layout C|A, readonly]
+        dt = f"_d{len(names)}"
+        names[dt] = np.dtype(s[1])
+        c = [f"type({v}) is _nd", f"{v}.dtype == {dt}", f"{v}.ndim == {s[2]}"]
+        c.append(f"{v}.flags.writeable is {not s[4]}")
+        c.append(f"{v}.flags.aligned")
+        if s[3] == "C":
+            c.append(f"{v}.flags.c_contiguous")
+        return "(" + " and ".join(c) + ")"
+    if kind == "i":                           # ["i", numpy dtype str]: a Python int is int64
+        sc = f"_s{len(names)}"
+        names[sc] = np.dtype(s[1]).type
+        py = f"type({v}) is int or " if s[1] == "<i8" else ""
+        return f"({py}type({v}) is {sc})"
+    if kind == "f":                           # ["f", numpy dtype str]: a Python float is float64
+        sc = f"_s{len(names)}"
+        names[sc] = np.dtype(s[1]).type
+        py = f"type({v}) is float or " if s[1] == "<f8" else ""
+        return f"({py}type({v}) is {sc})"
+    if kind == "b":
+        names["_bool_"] = np.bool_
+        return f"(type({v}) is bool or type({v}) is _bool_)"
+    if kind == "t":                           # ["t", [items]]
+        items = [_condition(item, f"{v}[{j}]", names) for j, item in enumerate(s[1])]
+        return "(" + " and ".join([f"type({v}) is tuple", f"len({v}) == {len(s[1])}", *items]) + ")"
+    raise ValueError(f"unknown argument kind {kind!r}")
+
+
+# -- building ------------------------------------------------------------------------------
+def type_spec(ty) -> list | None:
+    """A numba type as :func:`checker` reads it (None: not built ahead of time)."""
+    from numba.core import types
+
+    if isinstance(ty, types.Array) and ty.layout in "CA":
+        return ["a", np.dtype(str(ty.dtype)).str, ty.ndim, ty.layout, bool(not ty.mutable)] if ty.aligned else None
+    if isinstance(ty, types.Boolean):
+        return ["b"]
+    if isinstance(ty, types.Integer):
+        return ["i", np.dtype(str(ty)).str]
+    if isinstance(ty, types.Float):
+        return ["f", np.dtype(str(ty)).str]
+    if isinstance(ty, types.BaseTuple):
+        items = [type_spec(t) for t in ty.types]
+        return None if any(i is None for i in items) else ["t", items]
+    return None
+
+
+def kernel_sources(modules) -> list[str]:
+    """The kvsim modules ``modules`` import at their top level, transitively (``modules``
+    included), as paths under kvsim/."""
+    seen: dict[str, str] = {}
+    todo = list(modules)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            continue
+        path = Path(spec.origin).resolve()
+        seen[name] = path.relative_to(PACKAGE).as_posix()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "kvsim":
+                todo.append(node.module)
+                todo.extend(f"{node.module}.{a.name}" for a in node.names
+                            if importlib.util.find_spec(node.module).submodule_search_locations)
+            elif isinstance(node, ast.Import):
+                todo.extend(a.name for a in node.names if a.name.split(".")[0] == "kvsim")
+    return sorted(seen.values())
+
+
+def _kernel(name: str):
+    import importlib
+
+    module, attr = name.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def build(out: Path = FOLDER) -> dict:
+    """Run :data:`COMMANDS` (numba, this build turned off), then compile every signature they
+    gave the kernels of :data:`EXPORTS` into ``out`` (the module and ``aot.json``)."""
+    os.environ[ENV] = "0"
+    from numba.pycc import CC
+
+    from kvsim import precompile
+    from kvsim.cli import run
+
+    with tempfile.TemporaryDirectory(prefix="kvsim-aot-") as tmp, open(os.devnull, "w") as quiet:
+        files = precompile.write_inputs(Path(tmp))
+        for cmd in COMMANDS:
+            args = [a.format(**{k: str(v) for k, v in files.items()}) for a in cmd]
+            with contextlib.redirect_stdout(quiet):
+                rc = run(args)
+            if rc not in (0, None):
+                raise RuntimeError(f"kvsim {' '.join(args)} failed ({rc})")
+    cc = CC(MODULE)
+    cc.target_cpu = "host"
+    cc.use_nrt = False
+    table: dict[str, list] = {}
+    for name in EXPORTS:
+        kernel = _kernel(name)
+        for k, sig in enumerate(kernel.dispatcher.signatures):
+            spec = [type_spec(t) for t in sig]
+            if any(s is None for s in spec):
+                continue
+            symbol = f"{name.split(':')[1].lstrip('_')}_{len(table)}_{k}"
+            cc.export(symbol, kernel.dispatcher.overloads[sig].signature)(kernel.py_func)
+            table.setdefault(name, []).append([spec, symbol])
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob(f"{MODULE}*"):
+        old.unlink()
+    cc.output_dir = str(out)
+    cc.compile()
+    built = next(out.glob(f"{MODULE}*"))
+    meta = {"file": built.name, "numpy": np.__version__, "python": _python(),
+            "sources": source_hashes(kernel_sources(sorted({n.split(":")[0] for n in EXPORTS}))),
+            "kernels": table}
+    (out / META).write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    out = Path(argv[0]) if argv else FOLDER
+    import time
+
+    t = time.perf_counter()
+    meta = build(out)
+    n = sum(len(v) for v in meta["kernels"].values())
+    print(f"kvsim: {n} kernel signatures built ahead of time into {out} in {time.perf_counter() - t:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
