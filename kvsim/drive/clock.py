@@ -127,6 +127,11 @@ class Timeline:
             self.step_end.append(now)
         return now
 
+    def busy_seconds(self) -> float:
+        """The steps' seconds, added in order (as ``sum`` adds them)."""
+        k = min(len(self.step_start), len(self.step_end))
+        return float(np.cumsum(np.subtract(self.step_end[:k], self.step_start[:k]))[-1]) if k else 0.0
+
 
 def decode_run_before(cost, context: list[int], k: int, now: float, limit: float) -> list[float]:
     """The seconds of the steps of a ``k``-step decode run starting at ``now`` that start before

@@ -21,6 +21,7 @@ from kvsim.drive.requests import Ragged, output_token_arrays
 from kvsim.drive.clock import Releases
 from kvsim.engines.base import StepResult
 from kvsim.drive.timed import PERCENTILES, TimedResult, make_engine, without_prefix_caching
+from kvsim.drive.percentiles import percentile
 from kvsim.engines import registry
 
 MODES = ("sequential", "steps", "timed")
@@ -259,7 +260,7 @@ def _timed_figures(t: TimedResult) -> dict[str, Any]:
     for name, values in (("ttft", t.ttft), ("e2e", t.e2e), ("queueing", t.queueing)):
         v = values[served]
         for p in PERCENTILES:
-            out[f"{name}_p{p}_s"] = float(np.percentile(v, p)) if len(v) else float("nan")
+            out[f"{name}_p{p}_s"] = percentile(v, p) if len(v) else float("nan")
         out[f"{name}_mean_s"] = float(v.mean()) if len(v) else float("nan")
     out["gpu_busy_s"] = t.busy_s
     out["makespan_s"] = t.makespan_s

@@ -16,6 +16,7 @@ import numpy as np
 
 from kvsim.drive.clock import Releases, Timeline, run
 from kvsim.engines.base import StepResult
+from kvsim.drive.percentiles import percentile
 
 PERCENTILES = (50, 90, 99)
 
@@ -74,7 +75,7 @@ class TimedResult:
         for name, values in (("ttft", self.ttft), ("e2e", self.e2e), ("queueing", self.queueing)):
             v = values[served]
             for p in PERCENTILES:
-                out[f"{name}_p{p}_s"] = float(np.percentile(v, p)) if len(v) else float("nan")
+                out[f"{name}_p{p}_s"] = percentile(v, p) if len(v) else float("nan")
         return out
 
 
@@ -94,7 +95,7 @@ def timed_result(result: StepResult, line: Timeline) -> TimedResult:
     first = end[result.first_token_step]
     finish = end[result.finish_step]
     served = ~result.rejected
-    busy = float(sum(e - s for s, e in zip(line.step_start, line.step_end)))
+    busy = line.busy_seconds()
     makespan = float(np.nanmax(finish) - np.nanmin(line.released)) if served.any() else 0.0
     return TimedResult(result, line.released, line.first_scheduled - line.released, first - line.released,
                        finish - line.released, line.prefill_tokens, line.decode_tokens, busy, makespan,

@@ -27,6 +27,7 @@ from kvsim.engines import registry
 from kvsim.engines.options import SimOptions
 from kvsim.drive.clock import run
 from kvsim.drive.timed import PERCENTILES, make_engine, timed_result, without_prefix_caching
+from kvsim.drive.percentiles import percentile
 
 DEFAULT_STEP_SECONDS = 0.05
 PROGRESS_FROM = 1000            # requests: below this, a replay takes about a second, no bar
@@ -51,7 +52,7 @@ class ConcurrentView:
         v = self.ttft_cached if cached else self.ttft_uncached
         if v is None or len(v) == 0:
             return {p: float("nan") for p in PERCENTILES}
-        return {p: float(np.percentile(v, p)) for p in PERCENTILES}
+        return {p: percentile(v, p) for p in PERCENTILES}
 
 
 def hit_rate(cached: np.ndarray, prompt_lengths: np.ndarray, served: np.ndarray) -> float:
@@ -168,5 +169,5 @@ def concurrent_columns(trace: Trace, options: SimOptions, policy: str, mode: Rep
     if timed:
         ttft = result.ttft[served]
         for p in (50, 90):
-            out[f"ttft_p{p}_s"] = float(np.percentile(ttft, p)) if len(ttft) else float("nan")
+            out[f"ttft_p{p}_s"] = percentile(ttft, p) if len(ttft) else float("nan")
     return out

@@ -26,7 +26,6 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -36,22 +35,41 @@ from kvsim.fleet.events import KvEvent
 from kvsim.fleet.options import parse_settings
 
 
-@dataclass(frozen=True)
 class RouteRequest:
     """One request as a router sees it: kvsim logs hold tokens, never raw text."""
 
-    index: int
-    request_id: str
-    tokens: np.ndarray            # prompt token ids, int64
-    arrival: float = 0.0          # seconds of log time
-    session: str | None = None
-    lora: str | None = None
-    cache_salt: str | None = None
+    __slots__ = ("index", "request_id", "_tokens", "arrival", "session", "lora", "cache_salt")
+
+    def __init__(self, index: int, request_id: str, tokens: np.ndarray, arrival: float = 0.0,
+                 session: str | None = None, lora: str | None = None, cache_salt: str | None = None):
+        self.index = index
+        self.request_id = request_id
+        self._tokens = tokens     # the log's prompt token ids: made int64 when first read
+        self.arrival = arrival    # seconds of log time
+        self.session = session
+        self.lora = lora
+        self.cache_salt = cache_salt
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The prompt's token ids, int64."""
+        t = self._tokens
+        if t.dtype != np.int64:
+            t = self._tokens = t.astype(np.int64)
+        return t
+
+    @property
+    def prompt_len(self) -> int:
+        """How many tokens the prompt has (without reading them)."""
+        return len(self._tokens)
 
     @property
     def namespace(self) -> tuple[str | None, str | None]:
         """The cache namespace a prefix lives in (LoRA adapter, cache salt)."""
         return (self.lora, self.cache_salt)
+
+    def __repr__(self) -> str:
+        return f"RouteRequest(index={self.index}, request_id={self.request_id!r}, {self.prompt_len} tokens)"
 
 
 class ReplicaLoad(NamedTuple):

@@ -99,7 +99,7 @@ def fleet_timed(result: StepResult, line: FleetTimeline) -> TimedResult:
         end = np.asarray(tl.step_end + [np.nan])        # index -1 (never) -> NaN
         first[idx] = end[result.first_token_step[idx]]
         finish[idx] = end[result.finish_step[idx]]
-        busy += float(sum(e - s for s, e in zip(tl.step_start, tl.step_end)))
+        busy += tl.busy_seconds()
     released = np.asarray(line.released, np.float64)
     served = ~result.rejected
     makespan = float(np.nanmax(finish) - np.nanmin(released)) if served.any() else 0.0

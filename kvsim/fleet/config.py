@@ -128,8 +128,6 @@ class RouteRequests:
         """Request ``i``, reaching the router at ``now`` (seconds); its id is its index (a log's
         own ids may repeat, and Dynamo books requests by id)."""
         toks = self.tokens[self.offsets[i]:self.offsets[i + 1]]
-        if toks.dtype != np.int64:
-            toks = toks.astype(np.int64)
         return RouteRequest(i, str(i), toks, now, self.session[i], self.lora[i], self.salt[i])
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from kvsim.fleet.base import Router
 from kvsim.fleet.bounds import Bounds, rate
 from kvsim.fleet.config import FleetSpec
+from kvsim.drive.percentiles import percentile
 
 PERCENTILES = (50, 90, 99)
 #: said when a load-aware router runs a sequential replay
@@ -75,7 +76,7 @@ def fleet_summary(fleet: FleetSpec, router: Router, trace, replica: np.ndarray, 
         if ttft is not None:
             v = ttft[mine & np.isfinite(ttft)]
             for p in PERCENTILES:
-                row[f"ttft_p{p}_s"] = float(np.percentile(v, p)) if len(v) else float("nan")
+                row[f"ttft_p{p}_s"] = percentile(v, p) if len(v) else float("nan")
         per.append(row)
     out["per_replica"] = per
     return out

@@ -19,6 +19,7 @@ from typing import Any
 from kvsim.errors import ConfigError
 from kvsim.fleet.config import FleetSpec
 from kvsim.fleet.routers import ROUTERS
+from kvsim.drive.percentiles import percentile
 
 
 def parse_replicas(text: str) -> list[int]:
@@ -109,8 +110,8 @@ def _under_load(trace, options, policy: str, fleet: FleetSpec, concurrent) -> di
                            "concurrent_preemptions": int(s.preemptions.sum())}
     if run.timed is not None:
         v = run.timed.ttft[ok]
-        out["ttft_p50_s"] = float(np.percentile(v, 50)) if len(v) else float("nan")
-        out["ttft_p90_s"] = float(np.percentile(v, 90)) if len(v) else float("nan")
+        out["ttft_p50_s"] = percentile(v, 50) if len(v) else float("nan")
+        out["ttft_p90_s"] = percentile(v, 90) if len(v) else float("nan")
     return out
 
 

@@ -38,6 +38,7 @@ FOLDER = Path(__file__).resolve().parent / "prebuilt" / "aot"
 MODULE = "kvsim_aot"
 META = "aot.json"
 ENV = "KVSIM_AOT"
+_C_CONTIGUOUS, _ALIGNED, _WRITEABLE = 0x1, 0x100, 0x400      # numpy's array flags (ndarray.flags.num)
 
 #: the kernels built ahead of time: everything the timed and step replays of vLLM's
 #: scheduler call, on one engine or a fleet (behind any router, Dynamo's included)
@@ -138,12 +139,11 @@ def _condition(s: list, v: str, names: dict) -> str:
     if kind == "a":                           # ["a", dtype str, ndim, layout C|A, readonly]
         dt = f"_d{len(names)}"
         names[dt] = np.dtype(s[1])
-        c = [f"type({v}) is _nd", f"{v}.dtype == {dt}", f"{v}.ndim == {s[2]}"]
-        c.append(f"{v}.flags.writeable is {not s[4]}")
-        c.append(f"{v}.flags.aligned")
-        if s[3] == "C":
-            c.append(f"{v}.flags.c_contiguous")
-        return "(" + " and ".join(c) + ")"
+        # flags: writeable (0x400) unless read-only, aligned (0x100), C-contiguous (0x1) for C
+        mask = _WRITEABLE | _ALIGNED | (_C_CONTIGUOUS if s[3] == "C" else 0)
+        want = mask & ~(_WRITEABLE if s[4] else 0)
+        return (f"(type({v}) is _nd and ({v}.dtype is {dt} or {v}.dtype == {dt}) and {v}.ndim == {s[2]} "
+                f"and {v}.flags.num & {mask} == {want})")
     if kind == "i":                           # ["i", numpy dtype str]: a Python int is int64
         sc = f"_s{len(names)}"
         names[sc] = np.dtype(s[1]).type

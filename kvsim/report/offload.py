@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from kvsim.errors import ConfigError
+from kvsim.drive.percentiles import percentile
 from kvsim.report.document import Chart, Section, Table
 from kvsim.report.figures import _figure, _style
 
@@ -134,7 +135,7 @@ def timed_tiers(trace: Any, names: list[str], sim: Any, offload: dict[str, Any],
             v = t.ttft[ok]
             p_ok = int(prompt[ok].sum())
             figures[label] = {"ttft_mean_s": float(v.mean()) if len(v) else math.nan,
-                              **{f"ttft_p{q}_s": float(np.percentile(v, q)) if len(v) else math.nan for q in (50, 90)},
+                              **{f"ttft_p{q}_s": percentile(v, q) if len(v) else math.nan for q in (50, 90)},
                               "hit_rate": int(t.steps.cached_tokens[ok].sum()) / p_ok if p_ok else 0.0}
         out[p] = {**figures, "step_cost": cost_text, "model": tsim.model, "gpu": tsim.gpu}
     return out

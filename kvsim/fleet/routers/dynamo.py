@@ -158,7 +158,7 @@ class DynamoRouter(Router):
         out = []
         for w in range(self.num_replicas):
             dev = self.request_overlap(req, w, now)
-            raw = (self.active_prefill[w] + len(req.tokens)) / bs
+            raw = (self.active_prefill[w] + req.prompt_len) / bs
             adjusted = max(raw - s.overlap_score_credit * dev, 0.0)
             active = self.active_blocks[w]
             decode = len(active) + len(keys) - booked_prefix(active, keys)   # shared blocks count once
@@ -174,7 +174,7 @@ class DynamoRouter(Router):
     def _dispatched(self, req: RouteRequest, replica: int, now: float) -> None:
         keys = self._keys(req)
         dev = self.request_overlap(req, replica, now)
-        prefill = max(len(req.tokens) - dev * self.block_size, 0)
+        prefill = max(req.prompt_len - dev * self.block_size, 0)
         self.bookings[req.request_id] = _Booking(replica, prefill, keys)
         self.active_prefill[replica] += prefill
         self.active_blocks[replica].add(keys)

@@ -133,7 +133,7 @@ class CacheAware(InFlightRouter):
             self.tree.epoch = saved
         else:
             matched, tenant = self.tree.match(req.tokens)
-        n = len(req.tokens)
+        n = req.prompt_len
         rate = matched / n if n else 0.0
         if rate <= self.settings.cache_threshold or tenant is None:   # strict ">" (docs/engines/routers.md §2.7, SG2)
             return lowest(load, eligible)
