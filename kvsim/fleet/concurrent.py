@@ -142,12 +142,12 @@ def run_fleet_concurrent(trace, policies: list[str], options: SimOptions, mode: 
             result, line, router, keyed = once(settings, f"replaying {mode.mode}")
             r = FleetRun(policy, spec.family, mode.mode, settings, note, result, line.released, fleet=fleet,
                          line=line, router=router)
+            if with_bounds:             # (while the replay without prefix caching may still run)
+                r.bounds = bounds(policy, trace, options, line.replica, np.asarray(line.order, np.int64), keyed)
             if uncached is not None:
                 r.timed = fleet_timed(result, line)
                 r.uncached = uncached.result()
                 r.cost = cost.describe()
-        if with_bounds:
-            r.bounds = bounds(policy, trace, options, line.replica, np.asarray(line.order, np.int64), keyed)
         r.elapsed_s = time.perf_counter() - t0
         runs[policy] = r
     return runs
