@@ -32,6 +32,15 @@ def test_switched_off_runs_here(in_turn):
 
 
 @forks
+def test_side_work_runs_here_while_the_running_children_hold_every_other_core():
+    me = os.getpid()
+    held = [side.Side(lambda here: os.getpid()) for _ in range(len(os.sched_getaffinity(0)) - 1)]
+    assert side.Side(lambda here: (here, os.getpid())).result() == (True, me)
+    assert all(h.result() != me for h in held)
+    assert side.Side(lambda here: os.getpid()).result() != me      # reaped: the cores are free again
+
+
+@forks
 def test_forked_child_computes_and_sends_back():
     s = side.Side(lambda here: (here, os.getpid(), np.arange(5)))
     here, pid, values = s.result()

@@ -4,7 +4,9 @@ A timed replay also replays the same load without prefix caching (and, with an o
 without the tier): the time the cache saves. Those replays share nothing with the main one but
 its inputs, so where the platform forks and a second core is free, each runs in a child
 process made by ``os.fork`` (the inputs are the parent's memory, not copied) while the parent
-replays; the child sends its result back pickled. Elsewhere, or with ``KVSIM_SIDE_PROCESSES=0``,
+replays; the child sends its result back pickled. A core is free while the process's running
+side children number fewer than its cores less one: side work started while the others hold
+every core runs in the parent (a fleet's bounds, beside its replay without prefix caching). Elsewhere, or with ``KVSIM_SIDE_PROCESSES=0``,
 they run in turn after the main replay, as before. The results are the same either way
 (``tests/test_side_replays.py``). The fleet's bounds and the report's charts (every other
 PNG) are computed beside the caller the same way.
@@ -34,12 +36,21 @@ STALL_S = 5.0
 
 def can_fork() -> bool:
     """Whether side work runs in a forked child: Linux, two cores or more for this process."""
+    return _cores() >= 2
+
+
+def _cores() -> int:
+    """The cores this process may use where side work may fork (else 0)."""
     if os.environ.get(ENV, "1") == "0" or sys.platform != "linux" or not hasattr(os, "fork"):
-        return False
+        return 0
     try:
-        return len(os.sched_getaffinity(0)) >= 2
+        return len(os.sched_getaffinity(0))
     except OSError:
-        return False
+        return 0
+
+
+#: side children of this process still running (each holds a core)
+_running = 0
 
 
 class Side(Generic[T]):
@@ -52,10 +63,11 @@ class Side(Generic[T]):
         self._fn: Callable[[bool], T] | None = fn
         self._pid = 0
         self._fd = -1
-        if can_fork():
+        if _cores() > 1 + _running:      # a core free of this process and its running children
             self._fork()
 
     def _fork(self) -> None:
+        global _running
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: compute, send, and leave without running the parent's exit code
@@ -63,6 +75,7 @@ class Side(Generic[T]):
             _run_child(self._fn, write)
         os.close(write)
         self._pid, self._fd = pid, read
+        _running += 1
 
     def result(self) -> T:
         fn, self._fn = self._fn, None
@@ -122,6 +135,7 @@ class Side(Generic[T]):
             self._reap()
 
     def _reap(self) -> None:
+        global _running
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -131,6 +145,7 @@ class Side(Generic[T]):
             except ChildProcessError:
                 pass
             self._pid = -1  # reaped: result() no longer runs fn
+            _running -= 1
 
 
 #: how often a waiting parent looks at the child's CPU time (seconds)
