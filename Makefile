@@ -8,7 +8,7 @@ KVSIM   = $(VENV)/bin/kvsim
 DEMO_TRACE ?= traces/demo_mixture.jsonl
 OUT    ?= out
 
-.PHONY: demo test oracle bench venv venv-test clean
+.PHONY: demo test oracle bench venv venv-test aot clean
 
 $(VENV)/.stamp-base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,13 +16,20 @@ $(VENV)/.stamp-base: pyproject.toml
 	$(PIP) install -q -e .
 	touch $@
 
+# The replays' kernels compiled ahead of time (kvsim/kernels/aot.py; a C compiler needed):
+# rebuilt when a kernel's source changes; without them kvsim loads numba's kernels instead.
+AOT = kvsim/kernels/prebuilt/aot/aot.json
+$(AOT): $(VENV)/.stamp-base $(wildcard kvsim/kernels/*.py kvsim/engines/vllm/*.py)
+	$(PY) -m kvsim.kernels.aot || echo "WARNING: the kernels could not be built ahead of time; kvsim uses numba's"
+
 # torch 2.13.0 is the CPU build these machines serve from local disk.
 $(VENV)/.stamp-test: $(VENV)/.stamp-base
 	$(PIP) install -q -e '.[test]' 'torch==2.13.0'
 	touch $@
 
-venv: $(VENV)/.stamp-base
-venv-test: $(VENV)/.stamp-test
+venv: $(VENV)/.stamp-base $(AOT)
+venv-test: $(VENV)/.stamp-test $(AOT)
+aot: $(AOT)
 
 ## demo: install kvsim and run the main job on a bundled trace
 demo: venv
@@ -44,4 +51,4 @@ bench: venv-test oracle
 	export KVSIM_ORACLE_PYTHON=$(abspath $(ORACLE))/bin/python; $(PY) bench/bench_apc.py && $(PY) bench/bench_radix.py && $(PY) bench/bench_analyze.py && $(PY) bench/bench_sweep.py && $(PY) bench/bench_sched.py
 
 clean:
-	rm -rf $(VENV) $(OUT) build *.egg-info
+	rm -rf $(VENV) $(OUT) build *.egg-info kvsim/kernels/prebuilt

@@ -5,7 +5,9 @@ dependencies in the isolated build environment (numba, numpy and what the comman
 and, once setuptools has copied the package into its build folder, runs
 ``python -m kvsim.precompile`` on that copy: the kernels the commands call are
 compiled there and shipped in ``kvsim/kernels/prebuilt/`` (see ``kvsim/kernels/prebuilt.py``
-for how they reach the user's kernel cache). An editable install (``pip install -e .``,
+for how they reach the user's kernel cache); then ``python -m kvsim.kernels.aot`` builds the
+replays' kernels ahead of time into ``kvsim/kernels/prebuilt/aot/`` (``make venv`` does the
+same in a checkout). An editable install (``pip install -e .``,
 ``make test``) gets neither: setuptools' requirements, no compilation.
 
 ``KVSIM_PRECOMPILE=0`` skips the compilation. If it fails, the wheel is built without
@@ -65,6 +67,7 @@ class BuildPy(_build_py):
         if (os.environ.get(_WHEEL) and not getattr(self, "editable_mode", False)
                 and os.environ.get("KVSIM_PRECOMPILE") != "0"):
             precompile_into(Path(self.build_lib).resolve())
+            build_ahead_of_time(Path(self.build_lib).resolve())
 
 
 def precompile_into(build_lib: Path) -> bool:
@@ -92,4 +95,28 @@ def precompile_into(build_lib: Path) -> bool:
               f"first used):\n{detail.strip()}", file=sys.stderr, flush=True)
         return False
     print(f"kvsim: kernels compiled: {done.stdout.strip()}", file=sys.stderr, flush=True)
+    return True
+
+
+def build_ahead_of_time(build_lib: Path) -> bool:
+    """Compile the replays' kernels ahead of time into the package in ``build_lib``
+    (``kvsim/kernels/prebuilt/aot``, :mod:`kvsim.kernels.aot`; False, with a warning, if that
+    failed: the wheel then loads numba's kernels, as without it)."""
+    out = build_lib / "kvsim" / "kernels" / "prebuilt" / "aot"
+    path = [str(build_lib), *filter(None, [os.environ.get("PYTHONPATH")])]
+    with tempfile.TemporaryDirectory(prefix="kvsim-aot-") as d:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "NUMBA_CACHE_DIR": str(Path(d) / "numba"),
+               "KVSIM_CACHE_DIR": str(Path(d) / "kvsim")}
+        try:
+            done = subprocess.run([sys.executable, "-m", "kvsim.kernels.aot", str(out)], env=env,
+                                  capture_output=True, text=True, timeout=TIMEOUT_S, cwd=d)
+            ok, detail = done.returncode == 0, (done.stdout.strip() or "") + "\n" + done.stderr[-3000:]
+        except (OSError, subprocess.SubprocessError) as e:
+            ok, detail = False, repr(e)
+    if not ok:
+        shutil.rmtree(out, ignore_errors=True)
+        print(f"WARNING: kvsim: building the kernels ahead of time failed; the wheel uses numba's:\n{detail.strip()}",
+              file=sys.stderr, flush=True)
+        return False
+    print(done.stdout.strip(), file=sys.stderr, flush=True)
     return True

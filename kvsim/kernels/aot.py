@@ -10,7 +10,7 @@ with exactly those types runs that copy; any other call goes to numba as before.
 The built module is used only while it matches what is running: the same numpy and Python,
 and the same source (a hash of each kvsim module the kernels' modules import, transitively,
 recorded at the build: an edited checkout falls back to numba until ``make venv`` builds
-again). ``KVSIM_AOT=0`` turns it off.
+again). ``KVSIM_AOT=0`` turns it off; ``KVSIM_AOT_DIR`` loads it from another folder.
 
     python -m kvsim.kernels.aot [OUT]    (default: kvsim/kernels/prebuilt/aot; make venv, the wheel)
 
@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,7 @@ FOLDER = Path(__file__).resolve().parent / "prebuilt" / "aot"
 MODULE = "kvsim_aot"
 META = "aot.json"
 ENV = "KVSIM_AOT"
+DIR_ENV = "KVSIM_AOT_DIR"         # another folder to load the built module from (tests)
 _C_CONTIGUOUS, _ALIGNED, _WRITEABLE = 0x1, 0x100, 0x400      # numpy's array flags (ndarray.flags.num)
 
 #: the kernels built ahead of time: everything the timed and step replays of vLLM's
@@ -84,13 +86,14 @@ def _load():
     """The built module and its kernels' table, or None (none built, stale, or turned off)."""
     if os.environ.get(ENV) == "0":
         return None
+    folder = Path(os.environ.get(DIR_ENV) or FOLDER)
     try:
-        meta = json.loads((FOLDER / META).read_text())
+        meta = json.loads((folder / META).read_text())
     except (OSError, ValueError):
         return None
     if not current(meta):
         return None
-    spec = importlib.util.spec_from_file_location(MODULE, FOLDER / meta["file"])
+    spec = importlib.util.spec_from_file_location(MODULE, folder / meta["file"])
     try:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -217,7 +220,9 @@ def build(out: Path = FOLDER) -> dict:
     """Run :data:`COMMANDS` (numba, this build turned off), then compile every signature they
     gave the kernels of :data:`EXPORTS` into ``out`` (the module and ``aot.json``)."""
     os.environ[ENV] = "0"
-    from numba.pycc import CC
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")       # pycc's pending deprecation: it is what numba offers
+        from numba.pycc import CC
 
     from kvsim import precompile
     from kvsim.cli import run
@@ -230,9 +235,8 @@ def build(out: Path = FOLDER) -> dict:
                 rc = run(args)
             if rc not in (0, None):
                 raise RuntimeError(f"kvsim {' '.join(args)} failed ({rc})")
-    cc = CC(MODULE)
-    cc.target_cpu = "host"
-    cc.use_nrt = False
+    cc = CC(MODULE)       # for the architecture's generic CPU (a wheel runs on any machine of it), as fast here
+    cc.use_nrt = False    # as the replays' own kernels: no reference counting (numba refuses one that allocates)
     table: dict[str, list] = {}
     for name in EXPORTS:
         kernel = _kernel(name)
