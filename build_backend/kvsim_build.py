@@ -5,7 +5,7 @@ dependencies in the isolated build environment (numba, numpy and what the comman
 and, once setuptools has copied the package into its build folder, runs
 ``python -m kvsim.precompile`` on that copy: the kernels the commands call are
 compiled there and shipped in ``kvsim/kernels/prebuilt/`` (see ``kvsim/kernels/prebuilt.py``
-for how they reach the user's kernel cache); then ``python -m kvsim.kernels.aot`` builds the
+for how they reach the user's kernel cache); then ``python -m kvsim.build_aot`` builds the
 replays' kernels ahead of time into ``kvsim/kernels/prebuilt/aot/`` (``make venv`` does the
 same in a checkout). An editable install (``pip install -e .``,
 ``make test``) gets neither: setuptools' requirements, no compilation.
@@ -108,7 +108,7 @@ def build_ahead_of_time(build_lib: Path) -> bool:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "NUMBA_CACHE_DIR": str(Path(d) / "numba"),
                "KVSIM_CACHE_DIR": str(Path(d) / "kvsim")}
         try:
-            done = subprocess.run([sys.executable, "-m", "kvsim.kernels.aot", str(out)], env=env,
+            done = subprocess.run([sys.executable, "-m", "kvsim.build_aot", str(out)], env=env,
                                   capture_output=True, text=True, timeout=TIMEOUT_S, cwd=d)
             ok, detail = done.returncode == 0, (done.stdout.strip() or "") + "\n" + done.stderr[-3000:]
         except (OSError, subprocess.SubprocessError) as e:

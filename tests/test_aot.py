@@ -90,7 +90,7 @@ def test_kernel_modules_import_without_numba():
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("aot")
-    subprocess.run([sys.executable, "-m", "kvsim.kernels.aot", str(out)], check=True, capture_output=True, text=True)
+    subprocess.run([sys.executable, "-m", "kvsim.build_aot", str(out)], check=True, capture_output=True, text=True)
     return out
 
 

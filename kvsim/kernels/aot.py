@@ -4,7 +4,7 @@ Loading numba and its cached kernels costs a command about 0.15 s before it comp
 anything: more than the whole timed replay of a thousand Mooncake requests. The kernels of
 the timed and step replays (one engine or a fleet; :data:`EXPORTS`) are therefore also
 compiled ahead of time by numba's ``pycc`` into ``prebuilt/aot/``, for the argument types
-the commands of :data:`COMMANDS` pass them. A :class:`~kvsim.kernels.jit.Kernel` called
+the commands of :data:`kvsim.build_aot.COMMANDS` pass them. A :class:`~kvsim.kernels.jit.Kernel` called
 with exactly those types runs that copy; any other call goes to numba as before.
 
 The built module is used only while it matches what is running: the same numpy and Python,
@@ -12,7 +12,7 @@ and the same source (a hash of each kvsim module the kernels' modules import, tr
 recorded at the build: an edited checkout falls back to numba until ``make venv`` builds
 again). ``KVSIM_AOT=0`` turns it off; ``KVSIM_AOT_DIR`` loads it from another folder.
 
-    python -m kvsim.kernels.aot [OUT]    (default: kvsim/kernels/prebuilt/aot; make venv, the wheel)
+Built by ``python -m kvsim.build_aot`` (``make venv``, the wheel's build).
 
 An argument check is exact, as numba's dispatch is: a compiled copy reads an array's memory
 as the type it was built for, so a wrong dtype, a non-contiguous or a read-only array must
@@ -21,15 +21,12 @@ never reach it (:func:`checker`).
 from __future__ import annotations
 
 import ast
-import contextlib
 import functools
 import hashlib
 import importlib.util
 import json
 import os
 import sys
-import tempfile
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -54,18 +51,6 @@ EXPORTS = [
     "kvsim.kernels.multiset:_held_prefix",
     "kvsim.kernels.table:rehash",
 ]
-
-_TIMED = ["--replay", "timed", "--model", "llama-3-8b", "--gpu", "H100-80GB", "--num-gpu-blocks", "2000"]
-#: the commands whose argument types are built (on :func:`kvsim.precompile.write_inputs`' logs)
-COMMANDS = [
-    ["simulate", *_TIMED, "--policy", "apc", "{hash_ids}"],
-    ["simulate", *_TIMED, "--policy", "apc", "{tokens}"],
-    ["simulate", "--replay", "steps", "--arrival-from", "timestamp", "--step-seconds", "0.05", "--policy", "apc",
-     "--capacity", "20000", "{tokens}"],
-    *(["simulate", *_TIMED, "--policy", "apc", "--replicas", "4", "--router", router, "{hash_ids}"]
-      for router in ("dynamo", "round_robin")),
-]
-
 
 # -- calling the built kernels --------------------------------------------------------------
 def entries(kernel) -> list:
@@ -104,12 +89,12 @@ def _load():
 
 def current(meta: dict) -> bool:
     """Was ``meta``'s build made for this numpy, this Python and these sources?"""
-    if meta.get("numpy") != np.__version__ or meta.get("python") != _python():
+    if meta.get("numpy") != np.__version__ or meta.get("python") != python_version():
         return False
     return meta.get("sources") == source_hashes(meta.get("sources", {}))
 
 
-def _python() -> str:
+def python_version() -> str:
     return "{}.{}".format(*sys.version_info[:2]) + getattr(sys, "abiflags", "")
 
 
@@ -207,70 +192,3 @@ def kernel_sources(modules) -> list[str]:
             elif isinstance(node, ast.Import):
                 todo.extend(a.name for a in node.names if a.name.split(".")[0] == "kvsim")
     return sorted(seen.values())
-
-
-def _kernel(name: str):
-    import importlib
-
-    module, attr = name.split(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-def build(out: Path = FOLDER) -> dict:
-    """Run :data:`COMMANDS` (numba, this build turned off), then compile every signature they
-    gave the kernels of :data:`EXPORTS` into ``out`` (the module and ``aot.json``)."""
-    os.environ[ENV] = "0"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")       # pycc's pending deprecation: it is what numba offers
-        from numba.pycc import CC
-
-    from kvsim import precompile
-    from kvsim.cli import run
-
-    with tempfile.TemporaryDirectory(prefix="kvsim-aot-") as tmp, open(os.devnull, "w") as quiet:
-        files = precompile.write_inputs(Path(tmp))
-        for cmd in COMMANDS:
-            args = [a.format(**{k: str(v) for k, v in files.items()}) for a in cmd]
-            with contextlib.redirect_stdout(quiet):
-                rc = run(args)
-            if rc not in (0, None):
-                raise RuntimeError(f"kvsim {' '.join(args)} failed ({rc})")
-    cc = CC(MODULE)       # for the architecture's generic CPU (a wheel runs on any machine of it), as fast here
-    cc.use_nrt = False    # as the replays' own kernels: no reference counting (numba refuses one that allocates)
-    table: dict[str, list] = {}
-    for name in EXPORTS:
-        kernel = _kernel(name)
-        for k, sig in enumerate(kernel.dispatcher.signatures):
-            spec = [type_spec(t) for t in sig]
-            if any(s is None for s in spec):
-                continue
-            symbol = f"{name.split(':')[1].lstrip('_')}_{len(table)}_{k}"
-            cc.export(symbol, kernel.dispatcher.overloads[sig].signature)(kernel.py_func)
-            table.setdefault(name, []).append([spec, symbol])
-    out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob(f"{MODULE}*"):
-        old.unlink()
-    cc.output_dir = str(out)
-    cc.compile()
-    built = next(out.glob(f"{MODULE}*"))
-    meta = {"file": built.name, "numpy": np.__version__, "python": _python(),
-            "sources": source_hashes(kernel_sources(sorted({n.split(":")[0] for n in EXPORTS}))),
-            "kernels": table}
-    (out / META).write_text(json.dumps(meta, indent=1))
-    return meta
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    out = Path(argv[0]) if argv else FOLDER
-    import time
-
-    t = time.perf_counter()
-    meta = build(out)
-    n = sum(len(v) for v in meta["kernels"].values())
-    print(f"kvsim: {n} kernel signatures built ahead of time into {out} in {time.perf_counter() - t:.0f} s")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

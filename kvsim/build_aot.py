@@ -1,0 +1,101 @@
+"""Build the replays' kernels ahead of time (:mod:`kvsim.kernels.aot`): ``make venv`` and the
+wheel's build run it.
+
+    python -m kvsim.build_aot [OUT]      (default: kvsim/kernels/prebuilt/aot)
+
+The kernels' argument types are those the commands of :data:`COMMANDS` give them (numba
+records each signature it compiles), on the generated logs of :func:`kvsim.precompile.write_inputs`;
+every signature of every kernel of :data:`kvsim.kernels.aot.EXPORTS` is then compiled by
+numba's ``pycc`` into one extension module, with ``aot.json``: the module's file, numpy's and
+Python's versions, the hashes of the sources it was built from, and per kernel its
+signatures (as :func:`kvsim.kernels.aot.checker` reads them) and their symbols.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from kvsim import precompile
+from kvsim.cli import run
+from kvsim.kernels import aot
+
+_TIMED = ["--replay", "timed", "--model", "llama-3-8b", "--gpu", "H100-80GB", "--num-gpu-blocks", "2000"]
+#: the commands whose argument types are built (on :func:`kvsim.precompile.write_inputs`' logs)
+COMMANDS = [
+    ["simulate", *_TIMED, "--policy", "apc", "{hash_ids}"],
+    ["simulate", *_TIMED, "--policy", "apc", "{tokens}"],
+    ["simulate", "--replay", "steps", "--arrival-from", "timestamp", "--step-seconds", "0.05", "--policy", "apc",
+     "--capacity", "20000", "{tokens}"],
+    *(["simulate", *_TIMED, "--policy", "apc", "--replicas", "4", "--router", router, "{hash_ids}"]
+      for router in ("dynamo", "round_robin")),
+]
+
+
+def _kernel(name: str):
+    module, attr = name.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def build(out: Path = aot.FOLDER) -> dict:
+    """Run :data:`COMMANDS` (numba, this build turned off), then compile every signature they
+    gave the kernels of :data:`kvsim.kernels.aot.EXPORTS` into ``out`` (the module and ``aot.json``)."""
+    os.environ[aot.ENV] = "0"                 # the commands run numba's kernels, recording their types
+    aot._load.cache_clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")       # pycc's pending deprecation: it is what numba offers
+        from numba.pycc import CC
+
+    with tempfile.TemporaryDirectory(prefix="kvsim-aot-") as tmp, open(os.devnull, "w") as quiet:
+        files = precompile.write_inputs(Path(tmp))
+        for cmd in COMMANDS:
+            args = [a.format(**{k: str(v) for k, v in files.items()}) for a in cmd]
+            with contextlib.redirect_stdout(quiet):
+                rc = run(args)
+            if rc not in (0, None):
+                raise RuntimeError(f"kvsim {' '.join(args)} failed ({rc})")
+    cc = CC(aot.MODULE)   # for the architecture's generic CPU (a wheel runs on any machine of it), as fast here
+    cc.use_nrt = False    # as the replays' own kernels: no reference counting (numba refuses one that allocates)
+    table: dict[str, list] = {}
+    for name in aot.EXPORTS:
+        kernel = _kernel(name)
+        for sig in kernel.dispatcher.signatures:
+            spec = [aot.type_spec(t) for t in sig]
+            if any(s is None for s in spec):
+                continue
+            symbol = f"{name.split(':')[1].lstrip('_')}_{sum(map(len, table.values()))}"
+            cc.export(symbol, kernel.dispatcher.overloads[sig].signature)(kernel.py_func)
+            table.setdefault(name, []).append([spec, symbol])
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob(f"{aot.MODULE}*"):
+        old.unlink()
+    cc.output_dir = str(out)
+    cc.compile()
+    built = next(out.glob(f"{aot.MODULE}*"))
+    meta = {"file": built.name, "numpy": np.__version__, "python": aot.python_version(),
+            "sources": aot.source_hashes(aot.kernel_sources(sorted({n.split(":")[0] for n in aot.EXPORTS}))),
+            "kernels": table}
+    (out / aot.META).write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    out = Path(argv[0]) if argv else aot.FOLDER
+    t = time.perf_counter()
+    meta = build(out)
+    n = sum(len(v) for v in meta["kernels"].values())
+    print(f"kvsim: {n} kernel signatures built ahead of time into {out} in {time.perf_counter() - t:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
