@@ -37,12 +37,28 @@ COMMANDS = [
      "--capacity", "20000", "{tokens}"],
     *(["simulate", *_TIMED, "--policy", "apc", "--replicas", "4", "--router", router, "{hash_ids}"]
       for router in ("dynamo", "round_robin")),
+    ["--no-trace-cache", "simulate", "--policy", "apc", "--capacity", "1000000", "{tokens}"],
+    ["--no-trace-cache", "inspect", "{chat}"],
 ]
 
 
 def _kernel(name: str):
     module, attr = name.split(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def _release_the_gil() -> None:
+    """Every built kernel releases the GIL while it runs, as the readers' ``nogil`` kernels do
+    (the readers call them from several threads). pycc compiles every export with one set of
+    flags, made in its ``ModuleCompiler``; this sets ``release_gil`` on them."""
+    from numba.pycc import compiler
+
+    class Flags(compiler.Flags):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            self.release_gil = True
+
+    compiler.Flags = Flags
 
 
 def build(out: Path = aot.FOLDER) -> dict:
@@ -62,25 +78,34 @@ def build(out: Path = aot.FOLDER) -> dict:
                 rc = run(args)
             if rc not in (0, None):
                 raise RuntimeError(f"kvsim {' '.join(args)} failed ({rc})")
-    cc = CC(aot.MODULE)   # for the architecture's generic CPU (a wheel runs on any machine of it), as fast here
-    cc.use_nrt = False    # as the replays' own kernels: no reference counting (numba refuses one that allocates)
+    _release_the_gil()
+    # two modules: kernels numba compiles without reference counting (``_nrt=False``, the
+    # replays' loops) and the others, with it (those that allocate need it), each as numba does
+    modules = {False: CC(aot.MODULE), True: CC(aot.MODULE + "_nrt")}
+    for nrt, cc in modules.items():
+        cc.use_nrt = nrt      # (for the architecture's generic CPU: a wheel runs on any machine of it)
+        cc.output_dir = str(out)
     table: dict[str, list] = {}
+    count = 0
     for name in aot.EXPORTS:
         kernel = _kernel(name)
+        cc = modules[kernel.options.get("_nrt", True)]
         for sig in kernel.dispatcher.signatures:
             spec = [aot.type_spec(t) for t in sig]
             if any(s is None for s in spec):
                 continue
-            symbol = f"{name.split(':')[1].lstrip('_')}_{sum(map(len, table.values()))}"
+            symbol = f"{name.split(':')[1].lstrip('_')}_{count}"
+            count += 1
             cc.export(symbol, kernel.dispatcher.overloads[sig].signature)(kernel.py_func)
-            table.setdefault(name, []).append([spec, symbol])
+            table.setdefault(name, []).append([spec, cc.name, symbol])
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob(f"{aot.MODULE}*"):
         old.unlink()
-    cc.output_dir = str(out)
-    cc.compile()
-    built = next(out.glob(f"{aot.MODULE}*"))
-    meta = {"file": built.name, "numpy": np.__version__, "python": aot.python_version(),
+    files = {}
+    for cc in modules.values():
+        cc.compile()
+        files[cc.name] = next(out.glob(f"{cc.name}.*")).name
+    meta = {"modules": files, "numpy": np.__version__, "python": aot.python_version(),
             "sources": aot.source_hashes(aot.kernel_sources(sorted({n.split(":")[0] for n in aot.EXPORTS}))),
             "kernels": table}
     (out / aot.META).write_text(json.dumps(meta, indent=1))

@@ -95,17 +95,25 @@ def built(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def log(tmp_path_factory) -> Path:
+def logs(tmp_path_factory) -> dict[str, Path]:
     from kvsim.precompile import write_inputs
 
-    return write_inputs(tmp_path_factory.mktemp("logs"))["hash_ids"]
+    return write_inputs(tmp_path_factory.mktemp("logs"))
 
 
-def _run(args: list[str], env: dict[str, str], per_request: Path) -> tuple[bytes, bool]:
-    done = subprocess.run([sys.executable, "-c", RUN, *args, "--per-request", str(per_request)],
-                          env={**os.environ, **env}, capture_output=True, text=True)
+@pytest.fixture(scope="module")
+def log(logs) -> Path:
+    return logs["hash_ids"]
+
+
+def _run(args: list[str], env: dict[str, str], per_request: Path | None) -> tuple[bytes, bool]:
+    """A command's per-request file (else what it printed), and whether it imported numba."""
+    more = [] if per_request is None else ["--per-request", str(per_request)]
+    done = subprocess.run([sys.executable, "-c", RUN, *args, *more], env={**os.environ, **env, "COLUMNS": "200"},
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    return per_request.read_bytes(), "numba imported: True" in done.stderr
+    out = done.stdout.encode() if per_request is None else per_request.read_bytes()
+    return out, "numba imported: True" in done.stderr
 
 
 def test_the_build_records_its_kernels_and_sources(built):
@@ -123,6 +131,20 @@ def test_built_kernels_replay_exactly_without_numba(built, log, tmp_path, fleet)
     jit, numba_jit = _run(args, {aot.ENV: "0"}, tmp_path / "jit.jsonl")
     assert ahead == jit
     assert not numba_ahead and numba_jit
+
+
+@pytest.mark.parametrize("command", [["--no-trace-cache", "simulate", "--policy", "apc", "--capacity", "1000000",
+                                      "{tokens}"],
+                                     ["--no-trace-cache", "inspect", "{chat}"]])
+def test_built_readers_read_exactly_without_numba(built, logs, tmp_path, command):
+    args = [a.format(**logs) for a in command]
+    per_request = (lambda tag: tmp_path / f"{tag}.jsonl") if "simulate" in args else (lambda tag: None)
+    ahead, numba_ahead = _run(args, {aot.DIR_ENV: str(built)}, per_request("ahead"))
+    jit, numba_jit = _run(args, {aot.ENV: "0"}, per_request("jit"))
+    assert ahead == jit and len(ahead) > 500
+    # (without built kernels a read takes a compiled path only where numba is imported already,
+    # or, for the words of a chat log, after 16M characters: here the chunk path, no numba)
+    assert not numba_ahead and numba_jit == ("simulate" in args)
 
 
 def test_a_stale_build_is_not_used(built, log, tmp_path):

@@ -2,8 +2,10 @@
 
 Loading numba and its cached kernels costs a command about 0.15 s before it computes
 anything: more than the whole timed replay of a thousand Mooncake requests. The kernels of
-the timed and step replays (one engine or a fleet; :data:`EXPORTS`) are therefore also
-compiled ahead of time by numba's ``pycc`` into ``prebuilt/aot/``, for the argument types
+the readers and the replays (token-id and chat logs, vLLM's sequential, timed and step
+replays, on one engine or a fleet; :data:`EXPORTS`) are therefore also
+compiled ahead of time by numba's ``pycc`` into ``prebuilt/aot/`` (two extension modules:
+the kernels numba compiles without reference counting, and the others), for the argument types
 the commands of :data:`kvsim.build_aot.COMMANDS` pass them. A :class:`~kvsim.kernels.jit.Kernel` called
 with exactly those types runs that copy; any other call goes to numba as before.
 
@@ -20,28 +22,36 @@ never reach it (:func:`checker`).
 """
 from __future__ import annotations
 
-import ast
 import functools
 import hashlib
 import importlib.util
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
 
 PACKAGE = Path(__file__).resolve().parent.parent
 FOLDER = Path(__file__).resolve().parent / "prebuilt" / "aot"
-MODULE = "kvsim_aot"
+MODULE = "kvsim_aot"              # and kvsim_aot_nrt
 META = "aot.json"
 ENV = "KVSIM_AOT"
 DIR_ENV = "KVSIM_AOT_DIR"         # another folder to load the built module from (tests)
 _C_CONTIGUOUS, _ALIGNED, _WRITEABLE = 0x1, 0x100, 0x400      # numpy's array flags (ndarray.flags.num)
 
-#: the kernels built ahead of time: everything the timed and step replays of vLLM's
-#: scheduler call, on one engine or a fleet (behind any router, Dynamo's included)
+#: the kernels built ahead of time: what reading a token-id or chat log calls, vLLM's
+#: sequential replay, and everything the timed and step replays of vLLM's scheduler call, on
+#: one engine or a fleet (behind any router, Dynamo's included)
 EXPORTS = [
+    "kvsim.io.readers.token_scan:line_bounds",
+    "kvsim.io.readers.token_scan:scan_lines",
+    "kvsim.io.tokenize.word_scan:split_words",
+    "kvsim.io.tokenize.word_scan:assemble",
+    "kvsim.io.tokenize.gather:gather_pieces",
+    "kvsim.engines.vllm.hash_kernels:fast_hash_requests",
+    "kvsim.engines.vllm.manager_jit:run_sequential",
     "kvsim.engines.vllm.scheduler_jit:run_replay",
     "kvsim.engines.vllm.hash_kernels:hash_requests",
     "kvsim.engines.vllm.manager_jit:lookup",
@@ -58,17 +68,35 @@ def entries(kernel) -> list:
     built = _load()
     if built is None:
         return []
-    table, module = built
-    return [(checker(spec), getattr(module, name)) for spec, name in table.get(_name(kernel), ())]
+    table, modules = built
+    return [(checker(spec), getattr(modules[module], symbol)) for spec, module, symbol in table.get(_name(kernel), ())]
+
+
+def ready(*names: str) -> bool:
+    """Whether calling the kernels ``names`` (``module:function``) imports nothing now: numba
+    is imported already, or each has a built copy. (Code that takes a compiled path only where
+    it costs no import asks this.)"""
+    if "numba" in sys.modules:
+        return True
+    built = _load()
+    return built is not None and all(n in built[0] for n in names)
 
 
 def _name(kernel) -> str:
     return f"{kernel.__module__}:{kernel.__qualname__}"
 
 
+_loading = threading.Lock()
+
+
 @functools.lru_cache(maxsize=1)
 def _load():
     """The built module and its kernels' table, or None (none built, stale, or turned off)."""
+    with _loading:                  # (the readers call kernels from several threads)
+        return _load_now()
+
+
+def _load_now():
     if os.environ.get(ENV) == "0":
         return None
     folder = Path(os.environ.get(DIR_ENV) or FOLDER)
@@ -78,13 +106,15 @@ def _load():
         return None
     if not current(meta):
         return None
-    spec = importlib.util.spec_from_file_location(MODULE, folder / meta["file"])
-    try:
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    except (ImportError, OSError):
-        return None
-    return meta["kernels"], module
+    modules = {}
+    for name, file in meta["modules"].items():
+        spec = importlib.util.spec_from_file_location(name, folder / file)
+        try:
+            modules[name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(modules[name])
+        except (ImportError, OSError):
+            return None
+    return meta["kernels"], modules
 
 
 def current(meta: dict) -> bool:
@@ -173,6 +203,8 @@ def type_spec(ty) -> list | None:
 def kernel_sources(modules) -> list[str]:
     """The kvsim modules ``modules`` import at their top level, transitively (``modules``
     included), as paths under kvsim/."""
+    import ast
+
     seen: dict[str, str] = {}
     todo = list(modules)
     while todo:

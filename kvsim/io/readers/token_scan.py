@@ -16,7 +16,8 @@ the other values: the JSON parser does that on the rest of the line.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from kvsim.kernels.jit import njit
 
 #: per-line outcome
 FAST, BLANK, DECLINED = 0, 1, 2

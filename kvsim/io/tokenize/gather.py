@@ -8,7 +8,8 @@ thread parses the next lines meanwhile). Both give the same arrays
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from kvsim.kernels.jit import njit
 
 
 @njit(cache=True, nogil=True)

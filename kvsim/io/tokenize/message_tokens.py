@@ -19,7 +19,6 @@ nothing (:meth:`~kvsim.io.tokenize.tokenizers.Tokenizer.joins`), instead of bein
 """
 from __future__ import annotations
 
-import sys
 import threading
 from concurrent.futures import Future
 from itertools import chain
@@ -31,6 +30,7 @@ from kvsim.io.tokenize.encode import Packed
 from kvsim.io.tokenize.pieces import PieceEncoder
 from kvsim.io.tokenize.templates import LocalForm, RenderedPieces
 from kvsim.io.tokenize.tokenizers import Tokenizer
+from kvsim.kernels import aot
 
 #: characters of distinct pieces (and raw message bytes) held; beyond it the reader starts a new store
 MAX_HELD_CHARS = 128 << 20
@@ -278,7 +278,7 @@ class MessageTokens:
         sizes = self._starts[handles + 1] - begin
         first = 0 if self.head is None else 1
         total = int(sizes.sum())
-        if total >= COMPILED_GATHER_TOKENS and "numba" in sys.modules:  # (its import costs more than it saves)
+        if total >= COMPILED_GATHER_TOKENS and aot.ready("kvsim.io.tokenize.gather:gather_pieces"):  # (an import costs more than it saves)
             from kvsim.io.tokenize.gather import gather_pieces
 
             tokens = np.empty(total, self._flat.dtype)

@@ -18,7 +18,6 @@ import functools
 import json
 import os
 import re
-import sys
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -30,6 +29,7 @@ import numpy as np
 
 from kvsim.errors import ConfigError
 from kvsim.io.tokenize.chunk_tokens import CL100K_PATTERN
+from kvsim.kernels import aot
 
 #: seconds to wait for tiktoken's normal load (a download on a cold cache) before falling back
 TIKTOKEN_TIMEOUT_S = float(os.environ.get("KVSIM_TIKTOKEN_TIMEOUT", "3"))
@@ -46,6 +46,8 @@ WORD_PATH_MIN_CHARS = 1 << 15
 WORD_PATH_AFTER_CHARS = 16 << 20
 #: load the word path on a thread of its own (the chunk path goes on meanwhile); tests load it at once
 WORD_PATH_IN_BACKGROUND = True
+#: the word path's kernels
+WORD_KERNELS = ("kvsim.io.tokenize.word_scan:split_words", "kvsim.io.tokenize.word_scan:assemble")
 
 
 class Tokenizer(ABC):
@@ -252,7 +254,8 @@ class TiktokenTokenizer(Tokenizer):
 
     def _word_path(self, chars: int):
         """The word path, where it applies and is loaded; else None (the chunk path or tiktoken
-        encodes the ``chars`` characters). Where numba is imported already it is loaded at once;
+        encodes the ``chars`` characters). Where its kernels cost no import (numba imported
+        already, or built ahead of time: :func:`kvsim.kernels.aot.ready`) it is loaded at once;
         else once this tokenizer has encoded :data:`WORD_PATH_AFTER_CHARS` characters without
         it, on a thread of its own while the others go on."""
         if "_words" in self.__dict__:
@@ -260,7 +263,7 @@ class TiktokenTokenizer(Tokenizer):
         with self._word_lock:
             if self._word_loader is not None:  # being loaded
                 return None
-            if "numba" not in sys.modules:
+            if not aot.ready(*WORD_KERNELS):
                 self._whole_chars += chars
                 if self._whole_chars < WORD_PATH_AFTER_CHARS:
                     return None

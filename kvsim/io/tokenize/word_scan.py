@@ -28,8 +28,8 @@ Words get a handle the first time they are seen, in a table of their bytes
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from kvsim.kernels.jit import njit
 from kvsim.kernels.table import probe
 
 #: items: a word's handle (>= 0), a special token (-1 - id) or a foreign span (FOREIGN - index)
