@@ -63,3 +63,15 @@ def test_fleets_and_timed_replays_import_no_offload_tier(tmp_path):
     assert imported_by(base, tiers) == set()
     assert imported_by([*base, "--replicas", "2", "--router", "dynamo"], tiers) == set()
     assert imported_by([*base, "--offload", "native", "--offload-size", "1000"], tiers) == set(tiers)
+
+
+def test_timed_replays_and_fleets_leave_numpy_ma_unimported(tmp_path):
+    """numpy's masked arrays (about 8 ms) come with ``np.percentile`` and ``np.unique``: a timed
+    summary's percentiles (kvsim/drive/percentiles.py) and a fleet's bounds use neither."""
+    log = tmp_path / "few.jsonl"
+    log.write_text("".join(f'{{"prompt_token_ids": {list(range(i, i + 40))}, "output_token_ids": [7, 8], '
+                           f'"timestamp": {i}}}\n' for i in range(6)))
+    base = ["--no-trace-cache", "simulate", "--replay", "timed", "--model", "llama-3-8b", "--gpu", "H100-80GB",
+            "--num-gpu-blocks", "200", str(log)]
+    for args in (base, [*base, "--replicas", "2", "--router", "dynamo"], [*base, "--replicas", "3"]):
+        assert imported_by(args, ("numpy.ma",)) == set(), args

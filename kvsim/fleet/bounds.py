@@ -88,7 +88,7 @@ def bounds(policy: str, trace, options: SimOptions, replica: np.ndarray, order: 
 
     def routed(here: bool) -> np.ndarray:
         out = np.zeros(len(trace), np.int64)
-        for r in np.unique(of):
+        for r in np.flatnonzero(np.bincount(of)):     # (np.unique would import numpy.ma, 8 ms)
             out += cached(order[of == r])
         return out
     with Side(routed) as per_replica:
