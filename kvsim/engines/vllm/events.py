@@ -141,6 +141,10 @@ class DeviceBlocks:
         """The pool's keys of the full blocks of a prompt (uint64; request ``index``'s, when given)."""
         return self.manager.prompt_keys(tokens, lora, cache_salt, index)
 
+    def logged_keys(self, index: int) -> np.ndarray | None:
+        """Request ``index``'s prompt keys where the fleet keyed its log once (a view), else None."""
+        return self.manager.logged_prompt_keys(index)
+
     def prefix_blocks(self, keys: np.ndarray) -> int:
         """How many leading ``keys`` the pool holds."""
         return self.manager.held_prefix(keys)

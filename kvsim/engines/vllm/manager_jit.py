@@ -672,16 +672,24 @@ class JitKVCacheManager:
                     index: int | None = None) -> np.ndarray:
         """The keys this pool gives the full blocks of ``tokens`` (the fast hash); of request
         ``index``'s prompt, a view of the fleet's :class:`LogKeys` where it was keyed once."""
-        log = self.log
-        if index is not None and log is not None and log.block_size == self.block_size:
-            o = log.off[index]
-            return log.keys[o:o + log.prompt[index]]
+        logged = None if index is None else self.logged_prompt_keys(index)
+        if logged is not None:
+            return logged
         B = self.block_size
         every, first = self.hasher.fast_namespace_keys(lora, cache_salt)
         out = np.zeros(len(tokens) // B, np.uint64)
         fast_hash_sequence(np.asarray(tokens), 0, len(out), B, np.uint64(hashing.FAST_ROOT), np.uint64(every),
                            np.uint64(first), out)
         return out
+
+    def logged_prompt_keys(self, index: int) -> np.ndarray | None:
+        """Request ``index``'s prompt keys as a view of the fleet's :class:`LogKeys`, where the
+        log was keyed once for this pool's block size; else None."""
+        log = self.log
+        if log is None or log.block_size != self.block_size:
+            return None
+        o = log.off[index]
+        return log.keys[o:o + log.prompt[index]]
 
     def held_prefix(self, keys: np.ndarray) -> int:
         """How many leading ``keys`` are cached in the pool (no last-token cap)."""
