@@ -83,7 +83,7 @@ class KeyMultiset:
     def held_prefix(self, chain: np.ndarray) -> int:
         """How many leading keys of ``chain`` are held, where every chain was added whole (a
         prefix-chained key stands for its prefix, so the held keys are a prefix)."""
-        return int(_held_prefix(self.keys, chain))
+        return int(_held_prefix(self.keys, chain)) if self.size[0] else 0
 
     def count(self, key: int) -> int:
         """How many times ``key`` is held."""

@@ -102,6 +102,7 @@ class DynamoRouter(Router):
         self.active_requests = [0] * n
         self.bookings: dict[str, _Booking] = {}
         self._memo: tuple | None = None     # (index, id, keys as an array, as a list or None) of the request at hand
+        self._devs: tuple | None = None     # (index, id, now, overlap per replica) where costs() computed them
         self._routes = 0
         self.devices = None         # events mode: the replicas' device blocks, read directly
 
@@ -158,8 +159,10 @@ class DynamoRouter(Router):
         keys = self._keys(req)
         bs = float(self.block_size)
         out = []
+        devs = [self.request_overlap(req, w, now) for w in range(self.num_replicas)]
+        self._devs = (req.index, req.request_id, now, devs)
         for w in range(self.num_replicas):
-            dev = self.request_overlap(req, w, now)
+            dev = devs[w]
             raw = (self.active_prefill[w] + req.prompt_len) / bs
             adjusted = max(raw - s.overlap_score_credit * dev, 0.0)
             active = self.active_blocks[w]
@@ -175,7 +178,10 @@ class DynamoRouter(Router):
 
     def _dispatched(self, req: RouteRequest, replica: int, now: float) -> None:
         keys = self._keys(req)
-        dev = self.request_overlap(req, replica, now)
+        # the overlaps the decision just computed for this request (nothing changed since), else anew
+        d = self._devs
+        dev = d[3][replica] if d is not None and d[:3] == (req.index, req.request_id, now) \
+            else self.request_overlap(req, replica, now)
         prefill = max(req.prompt_len - dev * self.block_size, 0)
         self.bookings[req.request_id] = _Booking(replica, prefill, keys)
         self.active_prefill[replica] += prefill
@@ -189,7 +195,7 @@ class DynamoRouter(Router):
             self._routes += 1
             if self._routes % 1024 == 0:
                 self._purge(now)
-        self._memo = None
+        self._memo = self._devs = None
 
     def _purge(self, now: float) -> None:
         for exp in self.expiry:
