@@ -16,6 +16,7 @@ import contextlib
 import importlib
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,18 +48,40 @@ def _kernel(name: str):
     return getattr(importlib.import_module(module), attr)
 
 
-def _release_the_gil() -> None:
-    """Every built kernel releases the GIL while it runs, as the readers' ``nogil`` kernels do
-    (the readers call them from several threads). pycc compiles every export with one set of
-    flags, made in its ``ModuleCompiler``; this sets ``release_gil`` on them."""
+@contextlib.contextmanager
+def _entry_flags(nrt: bool):
+    """pycc compiles every export of a module with one set of flags (made in its
+    ``ModuleCompiler``); while this is open, those flags release the GIL (as the readers'
+    ``nogil`` kernels do: the readers call them from several threads) and count references
+    only where ``nrt``. The module itself is always built with numba's runtime linked in: a
+    kernel loaded from numba's cache calls the runtime's functions even where it counts no
+    references."""
     from numba.pycc import compiler
 
-    class Flags(compiler.Flags):
+    base = compiler.Flags
+
+    class Flags(base):
         def __init__(self, *args, **kw):
             super().__init__(*args, **kw)
             self.release_gil = True
 
+        def __setattr__(self, name, value):
+            super().__setattr__(name, value and nrt if name == "nrt" else value)
+
     compiler.Flags = Flags
+    try:
+        yield
+    finally:
+        compiler.Flags = base
+
+
+def _importable(path: Path) -> str | None:
+    """Why the built module at ``path`` does not import in a fresh process (None: it does)."""
+    code = ("import importlib.util, sys; s = importlib.util.spec_from_file_location(sys.argv[1], sys.argv[2]); "
+            "s.loader.exec_module(importlib.util.module_from_spec(s))")
+    done = subprocess.run([sys.executable, "-c", code, path.name.split(".")[0], str(path)], capture_output=True,
+                          text=True)
+    return None if done.returncode == 0 else done.stderr.strip().splitlines()[-1]
 
 
 def build(out: Path = aot.FOLDER) -> dict:
@@ -71,20 +94,18 @@ def build(out: Path = aot.FOLDER) -> dict:
         from numba.pycc import CC
 
     with tempfile.TemporaryDirectory(prefix="kvsim-aot-") as tmp, open(os.devnull, "w") as quiet:
-        files = precompile.write_inputs(Path(tmp))
+        logs = precompile.write_inputs(Path(tmp))
         for cmd in COMMANDS:
-            args = [a.format(**{k: str(v) for k, v in files.items()}) for a in cmd]
+            args = [a.format(**{k: str(v) for k, v in logs.items()}) for a in cmd]
             with contextlib.redirect_stdout(quiet):
                 rc = run(args)
             if rc not in (0, None):
                 raise RuntimeError(f"kvsim {' '.join(args)} failed ({rc})")
-    _release_the_gil()
     # two modules: kernels numba compiles without reference counting (``_nrt=False``, the
     # replays' loops) and the others, with it (those that allocate need it), each as numba does
     modules = {False: CC(aot.MODULE), True: CC(aot.MODULE + "_nrt")}
-    for nrt, cc in modules.items():
-        cc.use_nrt = nrt      # (for the architecture's generic CPU: a wheel runs on any machine of it)
-        cc.output_dir = str(out)
+    for cc in modules.values():
+        cc.output_dir = str(out)    # (for the architecture's generic CPU: a wheel runs on any machine of it)
     table: dict[str, list] = {}
     count = 0
     for name in aot.EXPORTS:
@@ -102,9 +123,14 @@ def build(out: Path = aot.FOLDER) -> dict:
     for old in out.glob(f"{aot.MODULE}*"):
         old.unlink()
     files = {}
-    for cc in modules.values():
-        cc.compile()
-        files[cc.name] = next(out.glob(f"{cc.name}.*")).name
+    for nrt, cc in modules.items():
+        with _entry_flags(nrt):
+            cc.compile()
+        built = next(out.glob(f"{cc.name}.*"))
+        why = _importable(built)
+        if why is not None:
+            raise RuntimeError(f"the built module {built.name} does not import: {why}")
+        files[cc.name] = built.name
     meta = {"modules": files, "numpy": np.__version__, "python": aot.python_version(),
             "sources": aot.source_hashes(aot.kernel_sources(sorted({n.split(":")[0] for n in aot.EXPORTS}))),
             "kernels": table}

@@ -75,6 +75,7 @@ def _sum_twice(values):
 def test_kernels_call_kernels_in_compiled_code():
     assert isinstance(_sum_twice, Kernel) and _sum_twice.__name__ == "_sum_twice"
     assert _sum_twice(np.arange(5)) == 20
+    assert _sum_twice(values=np.arange(5)) == 20                 # keywords: numba's dispatcher
     assert len(_sum_twice.signatures) == 1           # numba's dispatcher, reached through the kernel
     assert _sum_twice.py_func(np.arange(5)) == 20
 

@@ -48,16 +48,17 @@ class Kernel:
     def _numba_type_(self):
         return self.dispatcher._numba_type_
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         aot = self._aot
         if aot is None:
             from kvsim.kernels import aot as _aot
 
             aot = self._aot = _aot.entries(self)
-        for fits, fn in aot:
-            if fits(args):
-                return fn(*args)
-        return self.dispatcher(*args)
+        if not kwargs:                   # (a built copy takes its arguments in order)
+            for fits, fn in aot:
+                if fits(args):
+                    return fn(*args)
+        return self.dispatcher(*args, **kwargs)
 
     def __getattr__(self, name: str):
         # everything else numba's dispatchers offer (signatures, targetoptions, ...)
