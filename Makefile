@@ -19,7 +19,7 @@ $(VENV)/.stamp-base: pyproject.toml
 # The replays' kernels compiled ahead of time (kvsim/kernels/aot.py; a C compiler needed):
 # rebuilt when a kernel's source changes; without them kvsim loads numba's kernels instead.
 AOT = kvsim/kernels/prebuilt/aot/aot.json
-$(AOT): $(VENV)/.stamp-base kvsim/build_aot.py $(wildcard kvsim/kernels/*.py kvsim/engines/vllm/*.py)
+$(AOT): $(VENV)/.stamp-base kvsim/build_aot.py $(wildcard kvsim/kernels/*.py kvsim/engines/vllm/*.py kvsim/io/*/*.py)
 	$(PY) -m kvsim.build_aot || echo "WARNING: the kernels could not be built ahead of time; kvsim uses numba's"
 
 # torch 2.13.0 is the CPU build these machines serve from local disk.
