@@ -70,6 +70,24 @@ class BuildPy(_build_py):
             build_ahead_of_time(Path(self.build_lib).resolve())
 
 
+def _run_on_build(build_lib: Path, module: str, out: Path) -> tuple[bool, str]:
+    """``python -m module out`` on the package in ``build_lib``, with numba's and kvsim's caches
+    in a temporary folder: (whether it succeeded, what it printed)."""
+    path = [str(build_lib), *filter(None, [os.environ.get("PYTHONPATH")])]
+    with tempfile.TemporaryDirectory(prefix="kvsim-build-") as d:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "NUMBA_CACHE_DIR": str(Path(d) / "numba"),
+               "KVSIM_CACHE_DIR": str(Path(d) / "kvsim")}
+        env.pop("KVSIM_KERNEL_LOG", None)
+        try:
+            done = subprocess.run([sys.executable, "-m", module, str(out)], env=env, capture_output=True, text=True,
+                                  timeout=TIMEOUT_S, cwd=d)
+        except (OSError, subprocess.SubprocessError) as e:
+            return False, repr(e)
+    if done.returncode != 0:
+        return False, ((done.stdout.strip() or "") + "\n" + done.stderr[-3000:]).strip()
+    return True, done.stdout.strip()
+
+
 def precompile_into(build_lib: Path) -> bool:
     """Compile the kernels of the package in ``build_lib`` into its ``kvsim/kernels/prebuilt``
     (False, with a warning, if that failed: the wheel then has no prebuilt kernels)."""
@@ -78,45 +96,26 @@ def precompile_into(build_lib: Path) -> bool:
     print("kvsim: compiling its kernels for this machine into the wheel (token-id and chat readers, "
           "the vLLM and SGLang engines, analyze, sweep, report; 30-60 s; KVSIM_PRECOMPILE=0 skips)",
           file=sys.stderr, flush=True)
-    path = [str(build_lib), *filter(None, [os.environ.get("PYTHONPATH")])]
-    with tempfile.TemporaryDirectory(prefix="kvsim-build-") as d:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "NUMBA_CACHE_DIR": str(Path(d) / "numba"),
-               "KVSIM_CACHE_DIR": str(Path(d) / "kvsim")}
-        env.pop("KVSIM_KERNEL_LOG", None)
-        try:
-            done = subprocess.run([sys.executable, "-m", "kvsim.precompile", str(out)], env=env,
-                                  capture_output=True, text=True, timeout=TIMEOUT_S, cwd=d)
-            ok, detail = done.returncode == 0, (done.stdout.strip() or "") + "\n" + done.stderr[-3000:]
-        except (OSError, subprocess.SubprocessError) as e:
-            ok, detail = False, repr(e)
+    ok, said = _run_on_build(build_lib, "kvsim.precompile", out)
     if not ok:
         shutil.rmtree(out, ignore_errors=True)
         print(f"WARNING: kvsim: compiling the kernels failed; the wheel has none prebuilt (they compile when "
-              f"first used):\n{detail.strip()}", file=sys.stderr, flush=True)
+              f"first used):\n{said}", file=sys.stderr, flush=True)
         return False
-    print(f"kvsim: kernels compiled: {done.stdout.strip()}", file=sys.stderr, flush=True)
+    print(f"kvsim: kernels compiled: {said}", file=sys.stderr, flush=True)
     return True
 
 
 def build_ahead_of_time(build_lib: Path) -> bool:
-    """Compile the replays' kernels ahead of time into the package in ``build_lib``
+    """Compile the readers' and replays' kernels ahead of time into the package in ``build_lib``
     (``kvsim/kernels/prebuilt/aot``, :mod:`kvsim.kernels.aot`; False, with a warning, if that
     failed: the wheel then loads numba's kernels, as without it)."""
     out = build_lib / "kvsim" / "kernels" / "prebuilt" / "aot"
-    path = [str(build_lib), *filter(None, [os.environ.get("PYTHONPATH")])]
-    with tempfile.TemporaryDirectory(prefix="kvsim-aot-") as d:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "NUMBA_CACHE_DIR": str(Path(d) / "numba"),
-               "KVSIM_CACHE_DIR": str(Path(d) / "kvsim")}
-        try:
-            done = subprocess.run([sys.executable, "-m", "kvsim.build_aot", str(out)], env=env,
-                                  capture_output=True, text=True, timeout=TIMEOUT_S, cwd=d)
-            ok, detail = done.returncode == 0, (done.stdout.strip() or "") + "\n" + done.stderr[-3000:]
-        except (OSError, subprocess.SubprocessError) as e:
-            ok, detail = False, repr(e)
+    ok, said = _run_on_build(build_lib, "kvsim.build_aot", out)
     if not ok:
         shutil.rmtree(out, ignore_errors=True)
-        print(f"WARNING: kvsim: building the kernels ahead of time failed; the wheel uses numba's:\n{detail.strip()}",
+        print(f"WARNING: kvsim: building the kernels ahead of time failed; the wheel uses numba's:\n{said}",
               file=sys.stderr, flush=True)
         return False
-    print(done.stdout.strip(), file=sys.stderr, flush=True)
+    print(said, file=sys.stderr, flush=True)
     return True

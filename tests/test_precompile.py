@@ -172,6 +172,20 @@ def test_a_failed_precompile_leaves_a_wheel_without_prebuilt_kernels(tmp_path, c
     assert "WARNING: kvsim: compiling the kernels failed" in capsys.readouterr().err
 
 
+def test_a_failed_ahead_of_time_build_leaves_a_wheel_without_built_kernels(tmp_path, capsys, monkeypatch):
+    """The build goes on: a warning, and no stale built module in the build folder."""
+    spec = importlib.util.spec_from_file_location("kvsim_build_copy", ROOT / "build_backend" / "kvsim_build.py")
+    backend = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(backend)
+    stale = tmp_path / "kvsim" / "kernels" / "prebuilt" / "aot"
+    stale.mkdir(parents=True)
+    (stale / "aot.json").write_text("{}")
+    monkeypatch.setattr(backend, "TIMEOUT_S", 0.001)  # the build fails: it runs out of time
+    assert backend.build_ahead_of_time(tmp_path) is False
+    assert not stale.exists()
+    assert "WARNING: kvsim: building the kernels ahead of time failed" in capsys.readouterr().err
+
+
 def write_token_log(path: Path) -> None:
     """Over 1 MiB (the compiled scanner reads it), other ids and lengths than the build's log."""
     import numpy as np
