@@ -282,3 +282,52 @@ def test_concurrent_fleet_runs_compiled_with_the_same_rows(router, mode, monkeyp
         for k in ("ttft", "e2e", "queueing"):
             np.testing.assert_array_equal(getattr(fast.uncached, k), getattr(slow.uncached, k))
 
+
+
+def _flat_log_engine(trace, **kw):
+    """A compiled vLLM engine of ``trace`` for timed replay, on its flat inputs (``engine_inputs``)."""
+    from kvsim.drive.concurrent import ReplayMode, engine_inputs, scheduler_settings
+    from kvsim.drive.timed import make_engine
+    from kvsim.engines.options import SimOptions
+
+    settings, _ = scheduler_settings("apc", SimOptions(capacity_tokens=6_000, model="llama-3-8b", gpu="H100-80GB"),
+                                     ReplayMode("timed"), trace)
+    inputs = engine_inputs(trace)
+    return inputs, [make_engine(settings, **inputs) for _ in range(kw.get("engines", 1))]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_log_keyed_on_two_threads_has_the_same_keys(seed, monkeypatch):
+    """Above ``PARALLEL_KEYING_TOKENS`` a log is keyed in two halves, the first on a thread."""
+    from kvsim.engines.vllm import manager_jit
+    from kvsim.workloads.shared_prefix import trace as shared_prefix
+
+    trace = shared_prefix(groups=5, prompts_per_group=3, system_prompt_len=300, question_len=40, output_len=9,
+                          rate=4.0, seed=seed)
+    inputs, (engine,) = _flat_log_engine(trace)
+    cache, p, o = engine.scheduler.cache, inputs["prompts"], inputs["outputs"]
+    index = np.arange(len(p))
+    monkeypatch.setattr(manager_jit, "_cores", lambda: 2)
+    logs = []
+    for threshold in (1 << 62, 0):          # one call / two halves
+        monkeypatch.setattr(manager_jit, "PARALLEL_KEYING_TOKENS", threshold)
+        logs.append(cache.log_keys(index, p.flat, p.offsets, o.flat, o.offsets, inputs["loras"], inputs["salts"]))
+    assert logs[0].keys.size > 0 and (logs[0].keys != 0).all()
+    for field in ("keys", "off", "count", "prompt", "every", "first"):
+        np.testing.assert_array_equal(getattr(logs[0], field), getattr(logs[1], field))
+
+
+def test_a_fleet_prepared_before_its_fork_shares_the_logs_keys():
+    """``prepare_fleet`` keys the log once, kept on its prompts: a fleet built after (the replay
+    without prefix caching, forked after it) takes those keys, not its own."""
+    from kvsim.engines.vllm import scheduler_jit
+    from kvsim.workloads.shared_prefix import trace as shared_prefix
+
+    trace = shared_prefix(groups=4, prompts_per_group=3, system_prompt_len=200, question_len=30, output_len=5,
+                          rate=4.0, seed=5)
+    inputs, engines = _flat_log_engine(trace, engines=3)
+    engines[0].prepare_fleet()
+    (prepared,) = inputs["prompts"].keyed.values()
+    reps = scheduler_jit.fleet(engines[1:], np.arange(len(trace)))       # (releases in steps)
+    assert reps is not None
+    assert all(e.scheduler.cache.log is prepared for e in engines[1:])

@@ -14,12 +14,14 @@ from kvsim.io.trace.columns import Trace
 class Ragged(list):
     """Per-request arrays as a list of views of one flat array: request i is
     ``flat[offsets[i]:offsets[i+1]]``. Engines take it as the list it is; a compiled replay
-    reads ``flat`` and ``offsets`` to key every request in one call."""
+    reads ``flat`` and ``offsets`` to key every request in one call, and keeps in ``keyed``
+    what it computed from them once for every engine of the log (a fleet's block keys)."""
 
     def __init__(self, flat: np.ndarray, offsets: np.ndarray) -> None:
         bounds = offsets.tolist()
         super().__init__(flat[a:b] for a, b in zip(bounds, bounds[1:]))
         self.flat, self.offsets = flat, offsets
+        self.keyed: dict = {}
 
 
 def output_token_arrays(trace: Trace) -> tuple[np.ndarray, np.ndarray]:

@@ -132,9 +132,10 @@ def run_fleet_concurrent(trace, policies: list[str], options: SimOptions, mode: 
             return fleet_replay_once(spec, s, fleet, options, trace, inputs, requests, releases, cost, mode, update)
 
         # the same fleet without prefix caching, beside the main replay (kvsim.drive.side); an
-        # engine built and dropped first imports the engine's modules before the fork
+        # engine built and dropped first imports the engine's modules and computes what the
+        # replicas share (the log's keys, on both cores) before the fork
         if cost is not None:
-            make_engine(settings, **inputs)
+            getattr(make_engine(settings, **inputs), "prepare_fleet", lambda: None)()
         uncached = (Side(lambda here, s=without_prefix_caching(settings):
                          fleet_timed(*once(s, "without prefix caching" if here else None)[:2]))
                     if cost is not None else None)

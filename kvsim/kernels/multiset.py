@@ -8,8 +8,8 @@ request's hundreds of keys are one call, not hundreds of dictionary operations.
 from __future__ import annotations
 
 import numpy as np
-from kvsim.kernels.jit import njit
 
+from kvsim.kernels.jit import njit
 from kvsim.kernels.table import delete, grow_table, new_table, probe
 
 _ZERO = np.uint64(0)

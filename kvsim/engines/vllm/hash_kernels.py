@@ -4,9 +4,9 @@ that importing the hashing rules does not import numba. Every kernel follows
 from __future__ import annotations
 
 import numpy as np
-from kvsim.kernels.jit import njit
 
 from kvsim.engines.vllm.hashing import _F1, _F2, _P1, _P2, _P3, FAST_ROOT
+from kvsim.kernels.jit import njit
 
 
 @njit(cache=True, inline="always")

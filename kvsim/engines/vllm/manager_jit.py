@@ -17,11 +17,12 @@ request life of :mod:`kvsim.engines.vllm.sequential`) and the scheduler's manage
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence as Seq
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from kvsim.kernels.jit import njit
 
 from kvsim.engines.vllm import hashing, rules
 from kvsim.engines.vllm.hash_kernels import fast_hash_sequence, hash_requests
@@ -29,9 +30,21 @@ from kvsim.engines.vllm.hashing import BlockHasher
 from kvsim.engines.vllm.manager import Sequence
 from kvsim.engines.vllm.rules import fits_ever_jit, kept_blocks_jit, lookup_cap_blocks_jit, peak_blocks_jit
 from kvsim.engines.vllm.settings import PROFILES
+from kvsim.kernels.jit import njit
 from kvsim.kernels.table import delete, grow_table, new_table, probe, table_size
 
 _EMPTY = -1
+#: a log of at least this many tokens is keyed on two threads (:meth:`JitKVCacheManager.log_keys`)
+PARALLEL_KEYING_TOKENS = 1 << 20
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 #: the pool's one-block steps: compiled without reference counting, which numba would otherwise
 #: do for every array each call passes (most of a replay's time; they take no new arrays)
 _pool_step = njit(cache=True, _nrt=False)
@@ -544,7 +557,21 @@ class JitKVCacheManager:
         off = _starts(counts)
         keys = np.zeros(int(counts.sum()), np.uint64)
         every, first = self._namespace_keys(index, loras, salts)
-        hash_requests(prompt_tok, prompt_off[index], L, out_tok, out_off[index], M, B, every, first, off[index], keys)
+        starts, ostarts, kstarts = prompt_off[index], out_off[index], off[index]
+        parts = [slice(0, len(index))]
+        if len(index) > 1 and int(L.sum() + M.sum()) >= PARALLEL_KEYING_TOKENS and _cores() > 1:
+            parts = [slice(0, len(index) // 2), slice(len(index) // 2, len(index))]
+        # each part's requests into their own key regions, the first on a thread of its own
+        # (the kernel built ahead of time runs without the GIL)
+        work = [(prompt_tok, starts[p], L[p], out_tok, ostarts[p], M[p], B, every[p], first[p], kstarts[p], keys)
+                for p in parts]
+        if len(work) == 1:
+            hash_requests(*work[0])
+        else:               # (the thread ends here: nothing is left running should the process fork)
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvsim-keys") as helper:
+                first_part = helper.submit(hash_requests, *work[0])
+                hash_requests(*work[1])
+                first_part.result()
         prompt = np.zeros(len(counts), np.int64)
         prompt[index] = L // B
         all_every, all_first = np.zeros(len(counts), np.uint64), np.zeros(len(counts), np.uint64)

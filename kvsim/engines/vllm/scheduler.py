@@ -508,6 +508,15 @@ class VllmEngine:
 
         return scheduler_jit.fleet(engines, at, constants)
 
+    def prepare_fleet(self) -> None:
+        """What a fleet of replicas like this one shares, computed now: the log's block keys
+        (:func:`~kvsim.engines.vllm.scheduler_jit.fleet_log_keys`; before the replay without
+        prefix caching forks, so that it inherits them)."""
+        if self.settings.implementation == "fast" and hasattr(self.prompts, "keyed"):
+            from kvsim.engines.vllm import scheduler_jit
+
+            scheduler_jit.fleet_log_keys(self)
+
     @property
     def keyed_log(self):
         """The log's block keys, computed once for a fleet of these replicas

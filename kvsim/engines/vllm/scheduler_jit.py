@@ -26,10 +26,10 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from kvsim.kernels.jit import njit
 
 from kvsim.engines.vllm import rules
 from kvsim.engines.vllm.manager_jit import JitKVCacheManager, allocate, cache_full, free, lookup
+from kvsim.kernels.jit import njit
 
 #: set to ``readable`` to run every replay through the readable scheduler
 ENV = "KVSIM_VLLM_SCHEDULER"
@@ -653,12 +653,25 @@ def fleet(engines, at, constants=None) -> list[FleetReplica] | None:
     res[R_OUTPUT] = res[R_PREEMPT] = 0
     shared = (q, k, np.asarray(at).astype(np.float64), rejected, np.zeros(most, np.int32), res, np.full(n, np.nan),
               np.full(n, np.nan), np.zeros(n, np.int64), np.zeros(n, np.int64))
-    cache, prompts, outputs = first_engine.scheduler.cache, first_engine.prompts, first_engine.outputs
-    if cache.hasher.algo == "fast" and hasattr(prompts, "flat") and hasattr(outputs, "flat"):
-        # every request keyed once, for whichever replica it is routed to and for the router
-        # (which routes those that never fit too, and keys prompts without prefix caching too)
-        log = cache.log_keys(np.arange(n), prompts.flat, prompts.offsets, outputs.flat, outputs.offsets,
-                             first_engine.loras, first_engine.salts)
+    log = fleet_log_keys(first_engine)
+    if log is not None:
         for e in engines:
             e.scheduler.cache.log = log
     return [FleetReplica(e, shared, constants is not None) for e in engines]
+
+
+def fleet_log_keys(engine):
+    """Every request of ``engine``'s log keyed once, for whichever replica it is routed to and
+    for the router (which routes those that never fit too, and keys prompts without prefix
+    caching too): a :class:`~kvsim.engines.vllm.manager_jit.LogKeys`, kept on the log's prompts
+    per block size, so that a fleet's replays share it (the replay without prefix caching
+    forked after it too); None where the pool does not key a flat log in one call."""
+    cache, prompts, outputs = engine.scheduler.cache, engine.prompts, engine.outputs
+    if cache.hasher.algo != "fast" or not hasattr(prompts, "flat") or not hasattr(outputs, "flat"):
+        return None
+    key = (cache.block_size, id(outputs), id(engine.loras), id(engine.salts))
+    log = prompts.keyed.get(key)
+    if log is None:
+        log = prompts.keyed[key] = cache.log_keys(np.arange(len(prompts)), prompts.flat, prompts.offsets, outputs.flat,
+                                                  outputs.offsets, engine.loras, engine.salts)
+    return log
