@@ -90,6 +90,8 @@ def test_kernel_modules_import_without_numba():
 # -- a build -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("numba's pycc needs a C compiler (kvsim then runs numba's kernels; make venv warns)")
     out = tmp_path_factory.mktemp("aot")
     subprocess.run([sys.executable, "-m", "kvsim.build_aot", str(out)], check=True, capture_output=True, text=True)
     return out
