@@ -16,7 +16,7 @@ $(VENV)/.stamp-base: pyproject.toml
 	$(PIP) install -q -e .
 	touch $@
 
-# The replays' kernels compiled ahead of time (kvsim/kernels/aot.py; a C compiler needed):
+# The readers' and replays' kernels compiled ahead of time (kvsim/kernels/aot.py; a C compiler needed):
 # rebuilt when a kernel's source changes; without them kvsim loads numba's kernels instead.
 AOT = kvsim/kernels/prebuilt/aot/aot.json
 $(AOT): $(VENV)/.stamp-base kvsim/build_aot.py $(wildcard kvsim/kernels/*.py kvsim/engines/vllm/*.py kvsim/io/*/*.py)

@@ -28,6 +28,7 @@ import numpy as np
 from kvsim import precompile
 from kvsim.cli import run
 from kvsim.kernels import aot
+from kvsim.kernels.jit import Kernel
 
 _TIMED = ["--replay", "timed", "--model", "llama-3-8b", "--gpu", "H100-80GB", "--num-gpu-blocks", "2000"]
 #: the commands whose argument types are built (on :func:`kvsim.precompile.write_inputs`' logs)
@@ -46,6 +47,14 @@ COMMANDS = [
 def _kernel(name: str):
     module, attr = name.split(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def _kernel_modules() -> set[str]:
+    """The kvsim modules holding a kernel that the build compiled or loaded (the exports and
+    what they call): their source is the built code's, wherever its Python function lives
+    (``rules_jit`` makes kernels of ``rules``' functions)."""
+    return {name for name, module in list(sys.modules.items()) if name.startswith("kvsim.")
+            and any(isinstance(v, Kernel) and v._dispatcher is not None for v in vars(module).values())}
 
 
 @contextlib.contextmanager
@@ -132,7 +141,8 @@ def build(out: Path = aot.FOLDER) -> dict:
             raise RuntimeError(f"the built module {built.name} does not import: {why}")
         files[cc.name] = built.name
     meta = {"modules": files, "numpy": np.__version__, "python": aot.python_version(),
-            "sources": aot.source_hashes(aot.kernel_sources(sorted({n.split(":")[0] for n in aot.EXPORTS}))),
+            "sources": aot.source_hashes(aot.kernel_sources(sorted({n.split(":")[0] for n in aot.EXPORTS}
+                                                                   | _kernel_modules()))),
             "kernels": table}
     (out / aot.META).write_text(json.dumps(meta, indent=1))
     return meta

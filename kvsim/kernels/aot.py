@@ -1,4 +1,4 @@
-"""Kernels compiled ahead of time into one extension module, called without importing numba.
+"""Kernels compiled ahead of time into extension modules, called without importing numba.
 
 Loading numba and its cached kernels costs a command about 0.15 s before it computes
 anything: more than the whole timed replay of a thousand Mooncake requests. The kernels of
@@ -104,8 +104,8 @@ def _load_now():
         meta = json.loads((folder / META).read_text())
     except (OSError, ValueError):
         return None
-    if not current(meta):
-        return None
+    if not isinstance(meta, dict) or not isinstance(meta.get("modules"), dict) or not current(meta):
+        return None                 # (none, another build's layout, or stale)
     modules = {}
     for name, file in meta["modules"].items():
         spec = importlib.util.spec_from_file_location(name, folder / file)
@@ -125,6 +125,7 @@ def current(meta: dict) -> bool:
 
 
 def python_version() -> str:
+    """This Python's version and ABI flags, as a build records them (``3.11``)."""
     return "{}.{}".format(*sys.version_info[:2]) + getattr(sys, "abiflags", "")
 
 

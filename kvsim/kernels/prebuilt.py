@@ -25,9 +25,10 @@ import functools
 import json
 import os
 import shutil
-import sys
 import uuid
 from pathlib import Path
+
+from kvsim.kernels.aot import python_version
 
 FOLDER = Path(__file__).resolve().parent / "prebuilt"
 MANIFEST = "manifest.json"
@@ -43,10 +44,6 @@ def manifest() -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("tag"), str) else None
-
-
-def python_version() -> str:
-    return "{}.{}".format(*sys.version_info[:2]) + getattr(sys, "abiflags", "")
 
 
 def usable(shipped: dict | None, numba_version: str) -> bool:

@@ -137,13 +137,12 @@ class DeviceBlocks:
     def __init__(self, manager) -> None:
         self.manager = manager
 
-    def keys(self, tokens: np.ndarray, lora: str | None, cache_salt: str | None, index: int | None = None) -> np.ndarray:
-        """The pool's keys of the full blocks of a prompt (uint64; request ``index``'s, when given)."""
-        return self.manager.prompt_keys(tokens, lora, cache_salt, index)
-
-    def logged_keys(self, index: int) -> np.ndarray | None:
-        """Request ``index``'s prompt keys where the fleet keyed its log once (a view), else None."""
-        return self.manager.logged_prompt_keys(index)
+    def keys(self, req) -> np.ndarray:
+        """The pool's keys of the full blocks of a routed request's prompt (uint64; ``req`` has
+        ``index``, ``tokens``, ``lora`` and ``cache_salt``): a view of the fleet's log keys where
+        the log was keyed once, else hashed from its tokens (which are read only then)."""
+        logged = self.manager.logged_prompt_keys(req.index)
+        return logged if logged is not None else self.manager.prompt_keys(req.tokens, req.lora, req.cache_salt)
 
     def prefix_blocks(self, keys: np.ndarray) -> int:
         """How many leading ``keys`` the pool holds."""

@@ -117,9 +117,7 @@ class DynamoRouter(Router):
         """The request's full-block keys (uint64), once per request."""
         if self._memo is None or self._memo[0] != req.index or self._memo[1] != req.request_id:
             if self.devices is not None:    # the pools' keys: one per namespace and token prefix
-                keys = self.devices[0].logged_keys(req.index)       # (the tokens unread where logged)
-                if keys is None:
-                    keys = self.devices[0].keys(req.tokens, req.lora, req.cache_salt, req.index)
+                keys = self.devices[0].keys(req)
                 self._memo = (req.index, req.request_id, keys, None)
             else:
                 listed = block_keys(req.tokens, self.block_size, req.namespace)
